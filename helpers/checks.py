@@ -1,0 +1,103 @@
+"""Lab checks: each passes with a clear line, or fails with a hint that says what was wrong.
+
+    check_close(my_output, reference, what="Exercise 1: routed tokens")
+
+A failure raises CheckFailed (an AssertionError) whose message names the exercise, what was wrong
+(type, shape, dtype, values, speed) and what to look at. The grader catches CheckFailed per exercise.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class CheckFailed(AssertionError):
+    """A lab check failed; the message is the hint for the learner."""
+
+
+def passed(what: str) -> None:
+    print(f"✅ {what}: passed")
+
+
+def fail(what: str, problem: str, hint: str = "") -> None:
+    raise CheckFailed(f"❌ {what}: {problem}" + (f"\n   Hint: {hint}" if hint else ""))
+
+
+def check_tensor(actual, expected: torch.Tensor, *, what: str) -> None:
+    """Type, shape and dtype of `actual` match `expected`."""
+    if not isinstance(actual, torch.Tensor):
+        fail(what, f"expected a torch.Tensor, got {type(actual).__name__}",
+             "return the tensor itself (did the function return None or a Python list?)")
+    if actual.shape != expected.shape:
+        fail(what, f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}",
+             "check which dimension you reduced, transposed or forgot to reshape")
+    if actual.dtype != expected.dtype:
+        fail(what, f"dtype {actual.dtype}, expected {expected.dtype}",
+             "cast explicitly (x.to(dtype)); mixed dtypes are promoted silently in many ops")
+
+
+def check_close(actual, expected: torch.Tensor, *, what: str, atol: float = 1e-5, rtol: float = 1e-4,
+                hint: str = "") -> None:
+    """Shape, dtype and values match within tolerance; on failure, says where and by how much."""
+    check_tensor(actual, expected, what=what)
+    if actual.device != expected.device:
+        actual = actual.to(expected.device)
+    a, e = actual.detach().double(), expected.detach().double()
+    if torch.isnan(a).any() and not torch.isnan(e).any():
+        fail(what, f"{int(torch.isnan(a).sum())} NaN values where the reference has none",
+             hint or "look for a division by zero, log of a non-positive value, or uninitialised memory "
+                     "(torch.empty)")
+    bad = ~torch.isclose(a, e, atol=atol, rtol=rtol, equal_nan=True)
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        err = (a - e).abs().nan_to_num(posinf=float("inf")).max().item()
+        fail(what, f"{int(bad.sum())} of {a.numel()} values differ (first at index {idx}: got "
+                   f"{a[idx].item():.6g}, expected {e[idx].item():.6g}; max abs error {err:.3g}, "
+                   f"tolerance atol={atol:g} rtol={rtol:g})",
+             hint or "compare your result with the reference on a tiny input, element by element")
+    passed(what)
+
+
+def check_equal(actual, expected, *, what: str, hint: str = "") -> None:
+    """Exact equality for tensors (shape, dtype, every value) or plain Python values."""
+    if isinstance(expected, torch.Tensor):
+        check_tensor(actual, expected, what=what)
+        if not torch.equal(actual.cpu(), expected.cpu()):
+            diff = (actual.cpu() != expected.cpu()).nonzero()
+            idx = tuple(int(i) for i in diff[0])
+            fail(what, f"{len(diff)} of {expected.numel()} values differ (first at index {idx}: got "
+                       f"{actual.cpu()[idx].item()}, expected {expected.cpu()[idx].item()})", hint)
+    elif actual != expected:
+        fail(what, f"got {actual!r}, expected {expected!r}", hint)
+    passed(what)
+
+
+def check_raises(fn: Callable[[], object], exception: type[BaseException], *, what: str,
+                 match: str | None = None, hint: str = "") -> None:
+    """fn() raises `exception` (whose message contains `match`, if given)."""
+    try:
+        fn()
+    except exception as exc:
+        if match is not None and match not in str(exc):
+            fail(what, f"raised {type(exc).__name__} but its message {str(exc)!r} does not mention {match!r}",
+                 hint or "make the error message say what went wrong and how to fix it")
+        passed(what)
+        return
+    except Exception as exc:   # the wrong kind of error is a failure, with the error named
+        fail(what, f"raised {type(exc).__name__}: {exc}, expected {exception.__name__}", hint)
+    fail(what, f"did not raise {exception.__name__}", hint or "validate the input before using it")
+
+
+def check_speedup(fast: Callable[[], object], slow: Callable[[], object], *, at_least: float, what: str,
+                  hint: str = "", repeats: int = 5) -> float:
+    """`fast` is at least `at_least` times faster than `slow`, measured side by side; returns the ratio.
+    Labs only: tests never assert speed."""
+    from helpers.bench import compare
+    result = compare({"slow": slow, "fast": fast}, baseline="slow", repeats=repeats)
+    ratio = result["results"]["fast"]["ratio_to_baseline"]
+    if ratio < at_least:
+        fail(what, f"{ratio:.2f}x faster than the reference, the target is {at_least:.2f}x",
+             hint or "profile it: where does the time go?")
+    print(f"✅ {what}: passed ({ratio:.2f}x, target {at_least:.2f}x)")
+    return ratio

@@ -1,0 +1,326 @@
+"""What this machine has, decided in one place.
+
+Lessons, labs, tests and the doctor ask this module; nothing else inspects hardware.
+
+    from helpers.device import capabilities, pick_device, requires
+    DEVICE = pick_device()                       # torch.device, resolved once
+    if requires("cuda", section="Combo kernels on the GPU"):
+        ...                                      # runs here, or prints what was skipped and why
+
+Every `requires` call is recorded (run or skipped, with the reason); when the environment variable
+LABS_SECTION_LOG names a file, each record is appended to it as one JSON line, which is how the batch
+runner learns which sections of a notebook ran.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+SECTION_LOG_ENV = "LABS_SECTION_LOG"
+ACCELERATORS = ("cuda", "rocm", "xpu", "mps", "cpu")
+TOOLCHAINS = {"cxx": ("c++", "g++", "clang++", "cl"), "ninja": ("ninja",), "nvcc": ("nvcc",),
+              "hipcc": ("hipcc",), "icpx": ("icpx", "icx")}
+FP8_ROCM_ARCHS = ("gfx942", "gfx950")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    accelerator: str                 # one of ACCELERATORS ("rocm" is torch's "cuda" device on a HIP build)
+    device_type: str                 # what torch.device takes: "cuda", "xpu", "mps" or "cpu"
+    device_name: str
+    arch: str | None                 # "sm_90", "gfx942", an XPU name, or the CPU's vector ISA
+    memory_gb: float | None          # accelerator memory, or the machine's RAM on CPU
+    bf16: bool                       # native bf16 arithmetic (tensor cores, AVX512-BF16/AMX on CPU)
+    fp8: bool                        # native FP8 matmul units (sm_89+, gfx942/gfx950)
+    torch_version: str
+    cuda_version: str | None
+    hip_version: str | None
+    xpu_compiled: bool
+    cpu_count: int
+    cpu_name: str
+    toolchains: dict[str, str | None] = field(default_factory=dict)   # name -> path, or None
+    packages: dict[str, str | None] = field(default_factory=dict)     # name -> version, or None
+    python_version: str = ""
+    free_threaded: bool = False      # a 3.13t/3.14t build (Py_GIL_DISABLED)
+    gil_enabled: bool = True         # whether the GIL is on right now
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _ram_gb() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _current_accelerator(torch_mod) -> str:
+    """The device type torch would use: via torch.accelerator where it exists (2.6+)."""
+    acc_api = getattr(torch_mod, "accelerator", None)
+    if acc_api is not None and hasattr(acc_api, "current_accelerator"):
+        acc = acc_api.current_accelerator()
+        return acc.type if acc is not None else "cpu"
+    if torch_mod.cuda.is_available():
+        return "cuda"
+    xpu = getattr(torch_mod, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return "xpu"
+    mps = getattr(getattr(torch_mod, "backends", None), "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shutil.which,
+          cpu_flags: set[str] | None = None, config_var: Callable[[str], object] = sysconfig.get_config_var
+          ) -> Capabilities:
+    """Inspect the machine. The arguments exist so tests can fake every vendor."""
+    device_type = _current_accelerator(torch_mod)
+    hip = getattr(torch_mod.version, "hip", None)
+    cuda = getattr(torch_mod.version, "cuda", None)
+    flags = _cpu_flags() if cpu_flags is None else cpu_flags
+    arch, memory_gb, name, bf16, fp8 = None, None, "", False, False
+    if device_type == "cuda":
+        props = torch_mod.cuda.get_device_properties(0)
+        name, memory_gb = props.name, round(props.total_memory / 2**30, 1)
+        if hip:
+            arch = getattr(props, "gcnArchName", "").split(":")[0] or None
+            bf16 = arch is not None and arch.startswith(("gfx90a", "gfx94", "gfx95", "gfx11", "gfx12"))
+            fp8 = arch in FP8_ROCM_ARCHS
+        else:
+            arch = f"sm_{props.major}{props.minor}"
+            bf16 = props.major >= 8
+            fp8 = (props.major, props.minor) >= (8, 9)
+    elif device_type == "xpu":
+        props = torch_mod.xpu.get_device_properties(0)
+        name, memory_gb = props.name, round(props.total_memory / 2**30, 1)
+        arch = name
+        bf16 = True
+    elif device_type == "mps":
+        name, arch, bf16 = "Apple GPU", "mps", True
+    else:
+        name = _cpu_name()
+        arch = next((isa for isa in ("amx_tile", "avx512f", "avx2", "asimd", "neon") if isa in flags), None)
+        memory_gb = _ram_gb()
+        bf16 = bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    accelerator = "rocm" if device_type == "cuda" and hip else device_type
+    gil_check = getattr(sys_mod, "_is_gil_enabled", None)
+    return Capabilities(
+        accelerator=accelerator, device_type=device_type, device_name=name, arch=arch,
+        memory_gb=memory_gb, bf16=bf16, fp8=fp8,
+        torch_version=torch_mod.__version__, cuda_version=None if hip else cuda, hip_version=hip,
+        xpu_compiled=bool(getattr(getattr(torch_mod, "xpu", None), "_is_compiled", lambda: False)()),
+        cpu_count=os.cpu_count() or 1, cpu_name=_cpu_name(),
+        toolchains={tool: next((p for p in map(which, names) if p), None) for tool, names in TOOLCHAINS.items()},
+        packages={pkg: _package_version(pkg) for pkg in ("triton", "torchao", "torchdata", "numpy")},
+        python_version=platform.python_version(),
+        free_threaded=bool(config_var("Py_GIL_DISABLED")),
+        gil_enabled=gil_check() if gil_check is not None else True,
+    )
+
+
+@functools.cache
+def capabilities() -> Capabilities:
+    """This machine's capabilities, probed once per process."""
+    return probe()
+
+
+@functools.cache
+def triton_interpreter_runs() -> bool:
+    """Run one tiny Triton kernel with TRITON_INTERPRET=1 in a child process (the interpreter is
+    process-wide state, so it is tried where it cannot disturb this process)."""
+    if _package_version("triton") is None:
+        return False
+    code = ("import torch, triton, triton.language as tl\n"
+            "@triton.jit\ndef k(x, y):\n    tl.store(y + tl.arange(0, 4), tl.load(x + tl.arange(0, 4)) * 2)\n"
+            "x = torch.arange(4.0); y = torch.empty(4); k[(1,)](x, y); assert y.tolist() == [0, 2, 4, 6]\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
+# --- Requirements: name -> (test on Capabilities, what would make it true) ---------------------
+
+def _tool(name: str):
+    return lambda c: c.toolchains.get(name) is not None
+
+
+def _package(name: str):
+    return lambda c: c.packages.get(name) is not None
+
+
+NEEDS: dict[str, tuple[Callable[[Capabilities], bool], str]] = {
+    "cuda": (lambda c: c.accelerator == "cuda",
+             "an NVIDIA GPU with a CUDA build of torch (environments/cuda.txt)"),
+    "sm90": (lambda c: c.accelerator == "cuda" and c.arch is not None and int(c.arch[3:]) >= 90,
+             "an NVIDIA Hopper or newer GPU (sm_90+, e.g. H100/H200/B200)"),
+    "rocm": (lambda c: c.accelerator == "rocm",
+             "an AMD GPU with a ROCm build of torch (environments/rocm.txt)"),
+    "rocm_ck": (lambda c: c.accelerator == "rocm" and c.arch in FP8_ROCM_ARCHS,
+                "an AMD Instinct MI300/MI350-class GPU (gfx942/gfx950) with a ROCm build of torch"),
+    "xpu": (lambda c: c.accelerator == "xpu",
+            "an Intel GPU with an XPU build of torch (environments/xpu.txt)"),
+    "mps": (lambda c: c.accelerator == "mps", "an Apple-silicon Mac with macOS 14 or newer"),
+    "gpu": (lambda c: c.accelerator in ("cuda", "rocm", "xpu"),
+            "an NVIDIA, AMD or Intel GPU with the matching torch build (environments/)"),
+    "accelerator": (lambda c: c.accelerator != "cpu", "any accelerator torch supports (CUDA, ROCm, XPU, MPS)"),
+    "bf16": (lambda c: c.bf16, "hardware with native bf16 (Ampere+ GPU, MI200+, Intel GPU, or a CPU with "
+             "AVX512-BF16/AMX)"),
+    "fp8": (lambda c: c.fp8, "a GPU with FP8 matmul units (NVIDIA sm_89+ such as L4/H100, AMD MI300+)"),
+    "cxx": (_tool("cxx"), "a C++ compiler on PATH (apt install g++, or Xcode command-line tools)"),
+    "ninja": (_tool("ninja"), "ninja on PATH (pip install ninja)"),
+    "nvcc": (_tool("nvcc"), "the CUDA toolkit's nvcc on PATH"),
+    "hipcc": (_tool("hipcc"), "ROCm's hipcc on PATH"),
+    "icpx": (_tool("icpx"), "Intel oneAPI DPC++ (icpx; icx on Windows) on PATH"),
+    "sycl": (lambda c: c.toolchains.get("icpx") is not None and c.xpu_compiled,
+             "Intel oneAPI DPC++ (icpx) on PATH and an XPU build of torch (environments/xpu.txt)"),
+    "triton": (_package("triton"), "Triton (pip install triton; it comes with CUDA/ROCm torch builds)"),
+    "triton_gpu": (lambda c: c.packages.get("triton") is not None and c.accelerator in ("cuda", "rocm", "xpu"),
+                   "Triton and a GPU it compiles for (NVIDIA, AMD or Intel)"),
+    "triton_interpreter": (lambda c: triton_interpreter_runs() if c is capabilities()
+                           else c.packages.get("triton") is not None,
+                           "Triton installed (pip install triton); its interpreter runs kernels on the CPU"),
+    "torchao": (_package("torchao"), "torchao (pip install torchao; match it to your torch version)"),
+    "torchdata": (_package("torchdata"), "torchdata (pip install torchdata)"),
+    "free_threaded": (lambda c: c.free_threaded,
+                      "a free-threaded CPython 3.13t/3.14t with a matching torch (environments/free-threaded.txt)"),
+    "gil_disabled": (lambda c: not c.gil_enabled,
+                     "a free-threaded CPython with the GIL off (no extension re-enabled it; PYTHON_GIL=0)"),
+}
+
+
+def _found(name: str, c: Capabilities) -> str:
+    """What the machine has instead, for the skip message."""
+    if name in TOOLCHAINS:
+        return f"no {name} on PATH"
+    if name in c.packages:
+        return f"{name} not installed"
+    if name in ("free_threaded", "gil_disabled"):
+        return f"Python {c.python_version}, free-threaded build: {c.free_threaded}, GIL on: {c.gil_enabled}"
+    return f"this machine: {c.accelerator} ({c.device_name}{', ' + c.arch if c.arch else ''})"
+
+
+def check_needs(needs: tuple[str, ...] | list[str]) -> None:
+    unknown = [n for n in needs if n not in NEEDS]
+    if unknown:
+        raise ValueError(f"unknown capability {unknown[0]!r}; known: {', '.join(sorted(NEEDS))}")
+
+
+def missing(*needs: str, caps: Capabilities | None = None) -> list[str]:
+    """The needs this machine does not meet (an unknown name raises ValueError)."""
+    check_needs(needs)
+    caps = caps or capabilities()
+    return [n for n in needs if not NEEDS[n][0](caps)]
+
+
+def skip_reason(needs: tuple[str, ...] | list[str], caps: Capabilities | None = None) -> str | None:
+    """None when every need is met; otherwise what is missing and what would make it run."""
+    caps = caps or capabilities()
+    lacking = missing(*needs, caps=caps)
+    if not lacking:
+        return None
+    return "; ".join(f"needs {n} ({_found(n, caps)}); to run it: {NEEDS[n][1]}" for n in lacking)
+
+
+SECTIONS: list[dict] = []    # every requires() decision in this process, in order
+
+
+def requires(*needs: str, section: str, caps: Capabilities | None = None) -> bool:
+    """Decide whether a lesson section runs here; print and record the decision.
+
+    Returns True when every need is met. Otherwise prints exactly what is missing and what would make
+    it run, and returns False. Never silent: both outcomes are printed and recorded.
+    """
+    if not needs:
+        raise ValueError("requires() needs at least one capability name")
+    if not section:
+        raise ValueError("requires() needs section='...' naming the section")
+    reason = skip_reason(needs, caps)
+    record = {"section": section, "needs": list(needs), "ran": reason is None, "reason": reason}
+    SECTIONS.append(record)
+    log = os.environ.get(SECTION_LOG_ENV)
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    if reason is None:
+        print(f"▶ Section '{section}' runs here ({', '.join(needs)} available).")
+    else:
+        print(f"⏭ SKIPPED section '{section}': {reason}.")
+    return reason is None
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """The torch.device lessons use: "auto" takes the accelerator if there is one, else the CPU."""
+    caps = capabilities()
+    if name == "auto":
+        return torch.device(caps.device_type)
+    base = name.split(":")[0]
+    if base not in ("cpu", "cuda", "xpu", "mps"):
+        raise ValueError(f"unknown device {name!r}; use 'auto', 'cpu', 'cuda', 'xpu' or 'mps' "
+                         f"(ROCm GPUs are 'cuda' in torch)")
+    if base != "cpu" and caps.device_type != base:
+        need = {"cuda": "gpu", "xpu": "xpu", "mps": "mps"}[base]
+        raise RuntimeError(f"device {name!r} is not available here ({_found(need, caps)}); "
+                           f"use pick_device('auto') or get {NEEDS[need][1]}")
+    return torch.device(name)
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for queued accelerator work (no-op on CPU)."""
+    dev = torch.device(device) if device is not None else pick_device()
+    if dev.type != "cpu":
+        torch.accelerator.synchronize()
+
+
+QUICK_ENV = "LABS_QUICK"
+
+
+def quick_mode(requested: bool) -> bool:
+    """Quick mode (small sizes) when the notebook's QUICK parameter asks for it, or when the
+    environment sets LABS_QUICK=1 (the test suite does, since nbval cannot pass parameters)."""
+    return bool(requested) or os.environ.get(QUICK_ENV) == "1"

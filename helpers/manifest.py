@@ -1,0 +1,59 @@
+"""The list of lessons and labs (helpers/manifest.json), read by the README table, the doctor and
+the batch runner.
+
+Each entry: id, kind ("lesson" or "lab"), path, title, learn (one line), minutes (a learner's time),
+quick_seconds (measured quick-mode run time on a 2-core CPU), sections (the hardware sections, each
+{"name", "needs"}: the `requires(..., section=name)` calls in the notebook). Every notebook runs on a
+CPU-only machine; sections are what may be skipped.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers.device import Capabilities, capabilities, check_needs, skip_reason
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFEST = Path(__file__).with_name("manifest.json")
+FIELDS = ("id", "kind", "path", "title", "learn", "minutes", "quick_seconds", "sections")
+
+
+def entries() -> list[dict]:
+    items = json.loads(MANIFEST.read_text())
+    for item in items:
+        missing = [f for f in FIELDS if f not in item]
+        if missing:
+            raise ValueError(f"manifest entry {item.get('id', '?')!r} lacks {', '.join(missing)}")
+        if item["kind"] not in ("lesson", "lab"):
+            raise ValueError(f"manifest entry {item['id']!r}: kind must be 'lesson' or 'lab'")
+        for section in item["sections"]:
+            check_needs(section["needs"])
+    return items
+
+
+def hardware(item: dict) -> str:
+    """What a lesson needs, for the README table."""
+    needs = sorted({n for s in item["sections"] for n in s["needs"]})
+    return "CPU" + (f"; more with {', '.join(needs)}" if needs else " (all of it)")
+
+
+def verdict(item: dict, caps: Capabilities | None = None) -> tuple[str, list[str]]:
+    """("full" | "partial", [skipped section: reason, ...]) for this machine. Every lesson runs on a
+    CPU, so no verdict is "cannot run" unless a hard requirement (a section named "*") is missing."""
+    caps = caps or capabilities()
+    skipped = []
+    for section in item["sections"]:
+        reason = skip_reason(section["needs"], caps)
+        if reason:
+            if section["name"] == "*":
+                return "cannot run", [reason]
+            skipped.append(f"{section['name']}: {reason}")
+    return ("partial" if skipped else "full"), skipped
+
+
+def readme_table() -> str:
+    rows = ["| # | Notebook | What you learn | Hardware | Time |", "|---|---|---|---|---|"]
+    for item in entries():
+        rows.append(f"| {item['id'][:2]} | [{item['title']}]({item['path']}) | {item['learn']} | "
+                    f"{hardware(item)} | {item['minutes']} min |")
+    return "\n".join(rows)

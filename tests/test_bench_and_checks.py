@@ -1,0 +1,77 @@
+"""bench.compare's result shape and ratios; lab checks pass and fail with hints."""
+import json
+import time
+
+import pytest
+import torch
+
+from helpers import bench
+from helpers.checks import CheckFailed, check_close, check_equal, check_raises, check_tensor
+
+
+def test_compare_reports_medians_spread_and_ratios(tmp_path):
+    result = bench.compare({"slow": lambda: time.sleep(0.002), "fast": lambda: None},
+                           baseline="slow", repeats=3, min_run_time=0.01, work=1.0)
+    slow, fast = result["results"]["slow"], result["results"]["fast"]
+    assert result["threads"] == torch.get_num_threads() and result["baseline"] == "slow"
+    assert len(slow["repeats_s"]) == 3 and slow["min_s"] <= slow["median_s"] <= slow["max_s"]
+    assert slow["median_s"] >= 0.002
+    assert slow["ratio_to_baseline"] == 1.0 and fast["ratio_to_baseline"] > 10
+    assert fast["GFLOP_per_s"] == pytest.approx(1.0 / fast["median_s"])
+    path = bench.save_json(result, tmp_path / "out" / "r.json")
+    assert json.loads(path.read_text())["results"]["fast"]["median_s"] == fast["median_s"]
+    assert "slow" in bench.table(result) and bench.plot(result).data[0].x == ("slow", "fast")
+
+
+def test_compare_uses_the_thread_count_it_is_given():
+    seen = []
+    bench.compare({"a": lambda: seen.append(torch.get_num_threads())}, threads=1, repeats=1, min_run_time=0.001)
+    assert set(seen[2:]) == {1}       # after the warm-up calls, the Timer's own thread setting applies
+
+
+@pytest.mark.parametrize("kwargs, text", [({}, "at least one"), ({"baseline": "zz"}, "baseline"),
+                                          ({"repeats": 0}, "repeats")])
+def test_compare_rejects_bad_arguments(kwargs, text):
+    candidates = {} if not kwargs else {"a": lambda: None}
+    with pytest.raises(ValueError, match=text):
+        bench.compare(candidates, **kwargs)
+
+
+def test_measured_limits_are_plausible():
+    limits = bench.measure_limits(quick=True)
+    assert 0.5 < limits["read_bandwidth_gbs"] < 5000 and 1 < limits["fp32_gemm_gflops"] < 1e6
+
+
+def test_check_close_passes_and_prints(capsys):
+    check_close(torch.ones(3), torch.ones(3), what="ex")
+    assert "✅ ex: passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("actual, problem", [
+    (None, "expected a torch.Tensor, got NoneType"),
+    (torch.ones(3, 2), "shape (3, 2), expected (2, 3)"),
+    (torch.ones(2, 3, dtype=torch.float64), "dtype torch.float64, expected torch.float32"),
+    (torch.full((2, 3), float("nan")), "NaN values"),
+    (torch.ones(2, 3) * 1.1, "6 of 6 values differ (first at index (0, 0): got 1.1"),
+])
+def test_check_close_fails_with_what_was_wrong(actual, problem):
+    with pytest.raises(CheckFailed) as info:
+        check_close(actual, torch.ones(2, 3), what="Exercise 9")
+    assert problem in str(info.value) and "Exercise 9" in str(info.value) and "Hint:" in str(info.value)
+
+
+def test_check_equal_and_raises():
+    check_equal(3, 3, what="int")
+    with pytest.raises(CheckFailed, match="got 2, expected 3"):
+        check_equal(2, 3, what="int")
+    with pytest.raises(CheckFailed, match="1 of 3 values differ"):
+        check_equal(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), what="t")
+    check_raises(lambda: int("x"), ValueError, what="raises")
+    with pytest.raises(CheckFailed, match="did not raise ValueError"):
+        check_raises(lambda: 1, ValueError, what="quiet")
+    with pytest.raises(CheckFailed, match="does not mention 'weight'"):
+        check_raises(lambda: int("x"), ValueError, match="weight", what="message")
+    with pytest.raises(CheckFailed, match="raised KeyError"):
+        check_raises(lambda: {}["k"], ValueError, what="wrong kind")
+    with pytest.raises(CheckFailed):
+        check_tensor([1.0], torch.ones(1), what="list")

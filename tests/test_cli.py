@@ -1,0 +1,32 @@
+"""The command line: doctor's report on this machine, and clear errors."""
+import subprocess
+import sys
+
+from helpers.device import capabilities
+from helpers.doctor import report_html, report_text
+from helpers.manifest import entries
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "helpers", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_doctor_reports_this_machine_and_every_lesson():
+    done = run("doctor")
+    assert done.returncode == 0, done.stderr
+    caps = capabilities()
+    assert caps.torch_version in done.stdout and f"{caps.cpu_count} cores" in done.stdout
+    for item in entries():
+        assert item["path"] in done.stdout
+    assert "runs" in done.stdout
+
+
+def test_doctor_html_has_the_same_rows():
+    text, page = report_text(), report_html()
+    assert "<table>" in page and capabilities().torch_version in page and "capabilities missing" in text
+
+
+def test_unknown_command_and_notebook_fail_clearly():
+    assert run("frobnicate").returncode == 2
+    done = run("run", "notebooks/nope.ipynb", "--out", "/tmp/labs-cli-test")
+    assert done.returncode != 0 and "not in helpers/manifest.json: notebooks/nope.ipynb" in done.stderr

@@ -1,0 +1,55 @@
+"""Every notebook and lab solution runs headless with papermill in quick mode (the batch runner, two
+workers); every declared section reports in; student copies stop exactly at their first stub."""
+import json
+import shutil
+from pathlib import Path
+
+import papermill
+import pytest
+
+from helpers import manifest, notebooks
+from helpers.runner import run_collection, section_problems
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def collection_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    summary = run_collection(out_dir=out, parameters={"QUICK": True}, workers=2, cell_timeout=240)
+    durations = {r["path"]: r["seconds"] for r in summary["notebooks"]}
+    print(json.dumps({"total_seconds": summary["total_seconds"], "durations": durations}, indent=1))
+    return summary
+
+
+@pytest.mark.parametrize("item", manifest.entries(), ids=lambda i: i["id"])
+def test_notebook_executes_in_quick_mode(collection_run, item):
+    record = next(r for r in collection_run["notebooks"] if r["path"] == item["path"])
+    assert record["error"] is None, f"{item['path']} failed in cell {record['error'].get('cell')}: " \
+                                    f"{record['error']['ename']}: {record['error']['evalue']}"
+    assert record["problems"] == [] and record["status"] == "passed"
+    assert record["seconds"] < 120, "quick mode should stay well under a minute per notebook"
+
+
+def test_silent_skip_guard():
+    declared = [{"name": "GPU part", "needs": ["cuda"]}, {"name": "CPU part", "needs": ["cxx"]}]
+    assert "never reported" in section_problems(declared, [])[0]
+    undeclared = [{"section": "Extra", "needs": ["cuda"], "ran": False, "reason": "x"}]
+    assert any("not declared" in p for p in section_problems([], undeclared))
+    # a section skipped on a machine that has what it needs (here: the C++ compiler) is an error
+    skipped_wrongly = [{"section": "CPU part", "needs": ["cxx"], "ran": False, "reason": "needs cxx"}]
+    assert any("skipped although this machine has cxx" in p for p in section_problems(declared[1:], skipped_wrongly))
+
+
+@pytest.mark.parametrize("item", [i for i in manifest.entries() if i["kind"] == "lab"], ids=lambda i: i["id"])
+def test_student_copy_stops_at_its_first_stub(tmp_path, item):
+    student = notebooks.student_path(REPO / item["path"])
+    copy = tmp_path / student.name
+    shutil.copy(student, copy)
+    with pytest.raises(papermill.PapermillExecutionError) as info:
+        papermill.execute_notebook(str(copy), str(copy), parameters={"QUICK": True}, cwd=str(student.parent),
+                                   progress_bar=False, kernel_name="python3", execution_timeout=240)
+    assert info.value.ename == "NotImplementedError" and "Exercise 1" in info.value.evalue
+    nb = notebooks.read(copy)
+    first_stub = next(i for i, c in enumerate(nb.cells) if "raise NotImplementedError(\"Exercise 1" in c.source)
+    assert info.value.cell_index == first_stub

@@ -1,0 +1,191 @@
+"""The device layer: real detection on this machine, and every vendor faked through probe()'s arguments."""
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import device
+from helpers.device import Capabilities, NEEDS, missing, pick_device, probe, requires, skip_reason
+
+
+def fake_torch(accelerator=None, hip=None, cuda="12.8", props=None, xpu_compiled=False, with_accelerator_api=True):
+    """A stand-in for the torch module with only what probe() reads."""
+    props = props or SimpleNamespace()
+    mod = SimpleNamespace(
+        __version__="2.10.0",
+        version=SimpleNamespace(cuda=None if hip else (cuda if accelerator == "cuda" else None), hip=hip),
+        cuda=SimpleNamespace(is_available=lambda: accelerator == "cuda", get_device_properties=lambda i: props),
+        xpu=SimpleNamespace(is_available=lambda: accelerator == "xpu", get_device_properties=lambda i: props,
+                            _is_compiled=lambda: xpu_compiled or accelerator == "xpu"),
+        backends=SimpleNamespace(mps=SimpleNamespace(is_available=lambda: accelerator == "mps")),
+    )
+    if with_accelerator_api:
+        current = SimpleNamespace(type=accelerator) if accelerator else None
+        mod.accelerator = SimpleNamespace(current_accelerator=lambda: current)
+    return mod
+
+
+def fake_sys(gil=True):
+    return SimpleNamespace(_is_gil_enabled=lambda: gil)
+
+
+NO_TOOLS = {"which": lambda name: None, "cpu_flags": {"avx2"}, "config_var": lambda name: None}
+
+
+def probe_fake(torch_mod, sys_mod=None, **overrides):
+    kwargs = dict(NO_TOOLS, **overrides)
+    return probe(torch_mod=torch_mod, sys_mod=sys_mod or fake_sys(), **kwargs)
+
+
+def test_this_cpu_machine_is_detected_for_real():
+    caps = device.capabilities()
+    assert caps.torch_version == torch.__version__
+    assert caps.accelerator == ("cpu" if torch.accelerator.current_accelerator() is None
+                                else caps.accelerator)
+    assert caps.cpu_count >= 1 and caps.python_version.count(".") == 2
+    assert caps.gil_enabled == (sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True)
+    json.dumps(caps.to_dict())   # the report is JSON-ready
+    assert pick_device() == torch.device(caps.device_type)
+
+
+def test_nvidia_hopper():
+    caps = probe_fake(fake_torch("cuda", props=SimpleNamespace(name="NVIDIA H200", total_memory=141 * 2**30,
+                                                               major=9, minor=0)))
+    assert (caps.accelerator, caps.device_type, caps.arch) == ("cuda", "cuda", "sm_90")
+    assert caps.bf16 and caps.fp8 and caps.memory_gb == 141.0 and caps.cuda_version == "12.8"
+    assert missing("cuda", "sm90", "gpu", "fp8", "bf16", caps=caps) == []
+    assert missing("rocm", "xpu", caps=caps) == ["rocm", "xpu"]
+
+
+def test_nvidia_ampere_has_bf16_but_no_fp8():
+    caps = probe_fake(fake_torch("cuda", props=SimpleNamespace(name="A100", total_memory=80 * 2**30,
+                                                               major=8, minor=0)))
+    assert caps.bf16 and not caps.fp8
+    assert missing("sm90", "fp8", caps=caps) == ["sm90", "fp8"]
+
+
+def test_amd_rocm_mi300():
+    props = SimpleNamespace(name="AMD Instinct MI300X", total_memory=192 * 2**30, major=9, minor=4,
+                            gcnArchName="gfx942:sramecc+:xnack-")
+    caps = probe_fake(fake_torch("cuda", hip="7.1.0", props=props))
+    assert (caps.accelerator, caps.device_type, caps.arch) == ("rocm", "cuda", "gfx942")
+    assert caps.hip_version == "7.1.0" and caps.cuda_version is None
+    assert caps.fp8 and caps.bf16
+    assert missing("rocm", "rocm_ck", "gpu", caps=caps) == []
+    assert missing("cuda", caps=caps) == ["cuda"]
+
+
+def test_amd_consumer_gpu_has_no_ck_path():
+    props = SimpleNamespace(name="Radeon 890M", total_memory=16 * 2**30, major=11, minor=5,
+                            gcnArchName="gfx1150")
+    caps = probe_fake(fake_torch("cuda", hip="7.1.0", props=props))
+    assert caps.arch == "gfx1150" and not caps.fp8
+    reason = skip_reason(["rocm_ck"], caps)
+    assert "gfx942/gfx950" in reason and "gfx1150" in reason
+
+
+def test_intel_xpu_and_sycl_toolchain():
+    props = SimpleNamespace(name="Intel(R) Data Center GPU Max 1550", total_memory=64 * 2**30)
+    tools = {"icpx": "/opt/intel/oneapi/bin/icpx", "ninja": "/usr/bin/ninja"}
+    caps = probe_fake(fake_torch("xpu", props=props), which=tools.get)
+    assert (caps.accelerator, caps.device_type) == ("xpu", "xpu") and caps.xpu_compiled
+    assert missing("xpu", "gpu", "icpx", "sycl", "ninja", caps=caps) == []
+    assert missing("cxx", caps=caps) == ["cxx"]
+
+
+def test_sycl_needs_an_xpu_build_too():
+    caps = probe_fake(fake_torch(None), which={"icpx": "/usr/bin/icpx"}.get)
+    assert missing("icpx", caps=caps) == []
+    assert "XPU build of torch" in skip_reason(["sycl"], caps)
+
+
+def test_apple_mps():
+    caps = probe_fake(fake_torch("mps"))
+    assert (caps.accelerator, caps.device_type) == ("mps", "mps")
+    assert missing("mps", "accelerator", caps=caps) == [] and missing("gpu", caps=caps) == ["gpu"]
+
+
+def test_cpu_without_accelerator_api_falls_back_to_per_backend_checks():
+    caps = probe_fake(fake_torch(None, with_accelerator_api=False), cpu_flags={"avx512f", "avx512_bf16"})
+    assert caps.accelerator == "cpu" and caps.arch == "avx512f" and caps.bf16
+    caps = probe_fake(fake_torch("cuda", with_accelerator_api=False,
+                                 props=SimpleNamespace(name="T4", total_memory=2**34, major=7, minor=5)))
+    assert caps.accelerator == "cuda" and not caps.bf16
+
+
+def test_free_threaded_python_with_gil_off_and_on():
+    caps = probe_fake(fake_torch(None), sys_mod=fake_sys(gil=False), config_var=lambda name: 1)
+    assert caps.free_threaded and not caps.gil_enabled
+    assert missing("free_threaded", "gil_disabled", caps=caps) == []
+    # an extension re-enabled the GIL: free-threaded build, but threads are serialised again
+    caps = probe_fake(fake_torch(None), sys_mod=fake_sys(gil=True), config_var=lambda name: 1)
+    assert caps.free_threaded and caps.gil_enabled
+    reason = skip_reason(["gil_disabled"], caps)
+    assert "GIL on: True" in reason and "PYTHON_GIL=0" in reason
+
+
+def test_old_python_without_is_gil_enabled():
+    caps = probe_fake(fake_torch(None), sys_mod=SimpleNamespace())
+    assert caps.gil_enabled and not caps.free_threaded
+
+
+def test_requires_prints_and_records_both_outcomes(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "sections.jsonl"
+    monkeypatch.setenv(device.SECTION_LOG_ENV, str(log))
+    cpu = probe_fake(fake_torch(None), which={"c++": "/usr/bin/c++"}.get)
+    assert requires("cxx", section="Build the op", caps=cpu) is True
+    assert requires("cuda", "fp8", section="FP8 on the GPU", caps=cpu) is False
+    out = capsys.readouterr().out
+    assert "▶ Section 'Build the op' runs here" in out
+    assert "⏭ SKIPPED section 'FP8 on the GPU': needs cuda" in out and "needs fp8" in out
+    assert "environments/cuda.txt" in out      # says what would make it run
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["section"], r["ran"]) for r in records] == [("Build the op", True), ("FP8 on the GPU", False)]
+    assert records[1]["reason"].startswith("needs cuda")
+    assert device.SECTIONS[-1]["section"] == "FP8 on the GPU"
+
+
+def test_every_need_has_a_hint_and_is_decidable_on_a_fake_cpu():
+    cpu = probe_fake(fake_torch(None))
+    for name, (test, hint) in NEEDS.items():
+        assert hint, name
+        assert isinstance(test(cpu), bool), name
+
+
+@pytest.mark.parametrize("call, error, text", [
+    (lambda: requires("cdua", section="x"), ValueError, "unknown capability 'cdua'"),
+    (lambda: requires(section="x"), ValueError, "at least one capability"),
+    (lambda: requires("cuda", section=""), ValueError, "section="),
+    (lambda: pick_device("cdua"), ValueError, "unknown device 'cdua'"),
+    (lambda: missing("gpu", "tpu"), ValueError, "known: "),
+])
+def test_bad_input_gets_a_clear_error(call, error, text):
+    with pytest.raises(error, match=text):
+        call()
+
+
+@pytest.mark.skipif(torch.accelerator.current_accelerator() is not None, reason="this machine has an accelerator")
+def test_asking_for_a_missing_device_says_what_to_do():
+    with pytest.raises(RuntimeError, match="not available here.*pick_device\\('auto'\\)"):
+        pick_device("cuda:0")
+    assert pick_device("cpu") == torch.device("cpu")
+
+
+def test_quick_mode(monkeypatch):
+    monkeypatch.delenv(device.QUICK_ENV, raising=False)
+    assert device.quick_mode(True) and not device.quick_mode(False)
+    monkeypatch.setenv(device.QUICK_ENV, "1")
+    assert device.quick_mode(False)
+
+
+@pytest.mark.requires_cuda
+def test_marker_runs_only_on_cuda():
+    assert torch.cuda.is_available()
+
+
+@pytest.mark.requires_gpu
+def test_gpu_marker_matmul_on_the_device():
+    x = torch.randn(64, 64, device=pick_device())
+    torch.testing.assert_close((x @ x).cpu(), x.cpu() @ x.cpu(), rtol=1e-2, atol=1e-2)

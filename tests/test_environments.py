@@ -1,0 +1,49 @@
+"""Every environments/ file parses, pins torch, and shares versions of common packages with the others."""
+import re
+from pathlib import Path
+
+import pytest
+
+ENVS = sorted((Path(__file__).parent.parent / "environments").glob("*.txt"))
+PER_TARGET = {"torch", "torchao", "triton"}   # these follow the torch build, so they may differ
+
+
+def parse(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("--"):
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([A-Za-z0-9_.+\-]+)", line)
+        assert m, f"{path.name}: not an exact pin: {line!r}"
+        assert m.group(1).lower() not in pins, f"{path.name}: {m.group(1)} listed twice"
+        pins[m.group(1).lower()] = m.group(2)
+    return pins
+
+
+def test_the_targets_exist():
+    assert {p.stem for p in ENVS} == {"cpu", "cuda", "rocm", "xpu", "free-threaded"}
+
+
+@pytest.mark.parametrize("path", ENVS, ids=lambda p: p.stem)
+def test_each_file_says_who_it_is_for_and_installs_torch_first(path):
+    text = path.read_text()
+    assert text.startswith("# "), "header comment first"
+    assert "torch first" in text or "then torch" in text
+    pins = parse(path)
+    assert "torch" in pins and "ipywidgets" in pins and "plotly" in pins
+    install_line = next(l for l in text.splitlines() if re.match(r"#\s+pip install torch==", l))
+    assert f"torch=={pins['torch']}" in install_line, "the header's first install pins the same torch"
+
+
+def test_cpu_environment_is_the_one_verified_here():
+    assert parse(next(p for p in ENVS if p.stem == "cpu"))["torch"] == "2.13.0"
+
+
+def test_shared_packages_carry_the_same_versions():
+    pins = {p.stem: parse(p) for p in ENVS}
+    names = set().union(*pins.values()) - PER_TARGET
+    for name in names:
+        versions = {env: p[name] for env, p in pins.items() if name in p}
+        if len(versions) > 1:
+            assert len(set(versions.values())) == 1, f"{name} differs: {versions}"
