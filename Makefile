@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 REQS := environments/$(ENV).txt
 WORKERS ?= 2
 
-.PHONY: setup run test lab doctor labs clean
+.PHONY: setup browser run test lab doctor labs clean
 
 setup: $(VENV)/.installed-$(ENV)
 
@@ -23,7 +23,14 @@ run: setup
 	$(BIN)/python -m helpers doctor
 	$(BIN)/python -m helpers run --workers $(WORKERS) --out runs/latest
 
-test: setup
+# The browser tests drive Debian's Chromium (never a downloaded browser); installed here when root with apt.
+browser:
+	@command -v chromium >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Chromium for the browser tests"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "Chromium not found: the browser tests will be skipped (apt-get install chromium)"; fi; }
+
+test: setup browser
 	LABS_QUICK=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
 
 lab: setup
