@@ -289,3 +289,38 @@ def benchmark(quick: bool = False) -> dict:
         out["families"][name] = measure(fn, items, worker_counts, repeats=3 if quick else 5,
                                         min_run_time=0.05 if quick else 0.2)
     return out
+
+
+# --- Lab checks -------------------------------------------------------------------------------
+
+RACE_HINT = ("outputs that change from run to run mean the threads share state: a buffer that every call "
+             "writes into (allocate a new tensor per call), or the global RNG (pass generator=rng to "
+             "torch.rand/randint/randn)")
+
+
+def check_same_outputs(actual: list, expected: list, *, what: str, hint: str = "") -> None:
+    """Two lists of tensors are equal item by item; the failure names the first item that differs."""
+    from helpers.checks import fail, passed
+    if not isinstance(actual, list):
+        fail(what, f"expected a list, got {type(actual).__name__}", "collect the results: list(...)")
+    if len(actual) != len(expected):
+        fail(what, f"{len(actual)} items, expected {len(expected)}", "return one output per input item, in order")
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        if not isinstance(a, torch.Tensor) or a.shape != e.shape or a.dtype != e.dtype or not torch.equal(a, e):
+            got = f"{type(a).__name__} {tuple(a.shape)} {a.dtype}" if isinstance(a, torch.Tensor) else type(a).__name__
+            fail(what, f"item {i} differs from the serial reference (got {got}, expected {tuple(e.shape)} "
+                       f"{e.dtype})", hint)
+    passed(what)
+
+
+def check_thread_safe(fn: Callable, items: list, expected: list, *, seed: int, workers: int = 4, runs: int = 3,
+                      what: str) -> None:
+    """thread_map(fn, items, seed=seed) gives `expected` on every one of `runs` runs."""
+    from helpers.checks import fail, passed
+    for run in range(1, runs + 1):
+        out = list(thread_map(fn, items, workers=workers, seed=seed))
+        bad = [i for i, (a, e) in enumerate(zip(out, expected)) if not torch.equal(a, e)]
+        if bad:
+            fail(what, f"run {run} with {workers} threads: {len(bad)} of {len(items)} items differ from the serial "
+                       f"reference (first: item {bad[0]})", RACE_HINT)
+    passed(what)
