@@ -220,3 +220,36 @@ def test_measure_reports_items_per_second():
     assert set(result["results"]) == {"serial", "processes x1", "threads x1", "torchdata threads x1"}
     assert all(r["items_per_s"] > 0 for r in result["results"].values())
     assert result["threads"] == 1
+
+
+def test_check_same_outputs_names_the_first_differing_item():
+    from helpers.checks import CheckFailed
+    ref = [torch.zeros(2), torch.ones(2), torch.ones(2)]
+    data.check_same_outputs([t.clone() for t in ref], ref, what="same")
+    with pytest.raises(CheckFailed, match=r"item 1 differs.*\n   Hint: look here"):
+        data.check_same_outputs([torch.zeros(2), torch.zeros(2), torch.ones(2)], ref, what="x", hint="look here")
+    with pytest.raises(CheckFailed, match="2 items, expected 3"):
+        data.check_same_outputs(ref[:2], ref, what="x")
+    with pytest.raises(CheckFailed, match="expected a list, got tuple"):
+        data.check_same_outputs(tuple(ref), ref, what="x")
+    with pytest.raises(CheckFailed, match=r"item 0 differs .*got Tensor \(2,\) torch.float64"):
+        data.check_same_outputs([torch.zeros(2, dtype=torch.float64)] + ref[1:], ref, what="x")
+
+
+def test_check_thread_safe_catches_a_shared_buffer():
+    from helpers.checks import CheckFailed
+    images = [torch.full((64, 64), float(i)) for i in range(16)]
+    shared = torch.empty(64, 64)
+
+    def racy(x, rng):
+        torch.mul(x, 1.0, out=shared)
+        time.sleep(0.002)                      # another thread writes the buffer meanwhile
+        return shared.clone()
+
+    def safe(x, rng):
+        return x * 1.0
+
+    expected = serial_map(safe, images, seed=0)
+    data.check_thread_safe(safe, images, expected, seed=0, what="safe")
+    with pytest.raises(CheckFailed, match=r"(?s)items differ from the serial reference.*Hint: outputs that change"):
+        data.check_thread_safe(racy, images, expected, seed=0, workers=4, what="racy")
