@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import warnings
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -89,8 +90,9 @@ def thread_map(fn: Callable, items: Iterable, *, workers: int = 4, ordered: bool
     ordered: yield in input order (True) or as results complete (False).
     prefetch: most items in flight (taken from the input but not yet yielded); default 2 * workers.
     seed: call fn(item, rng) with a generator seeded from (seed, index); None calls fn(item).
-    Threads start on the first next() and are joined when the iterator finishes, raises or is closed
-    (leaving a for loop early closes it once the iterator is no longer referenced; close() does it now).
+    Threads start on the first next() and are joined when the iterator finishes, raises or is closed.
+    Leaving a for loop early closes it once nothing references the iterator; where an exception in your
+    loop body may keep it referenced (its traceback does), use `with contextlib.closing(thread_map(...))`.
     """
     prefetch = _check_args(fn, workers, prefetch)
     return _run(fn, items, workers, ordered, prefetch, seed)
@@ -268,8 +270,10 @@ def measure(fn, items, worker_counts: Iterable[int], *, repeats: int = 3, min_ru
     from helpers.bench import compare
     candidates, opened = loaders(fn, items, worker_counts)
     try:
-        result = compare(candidates, baseline="serial", repeats=repeats, min_run_time=min_run_time,
-                         warmup=1, threads=1, device="cpu", work=len(items), work_unit="items")
+        with warnings.catch_warnings():    # more workers than cores is part of the experiment
+            warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+            result = compare(candidates, baseline="serial", repeats=repeats, min_run_time=min_run_time,
+                             warmup=1, threads=1, device="cpu", work=len(items), work_unit="items")
     finally:
         shutdown(opened)
     return result

@@ -253,3 +253,13 @@ def test_check_thread_safe_catches_a_shared_buffer():
     data.check_thread_safe(safe, images, expected, seed=0, what="safe")
     with pytest.raises(CheckFailed, match=r"(?s)items differ from the serial reference.*Hint: outputs that change"):
         data.check_thread_safe(racy, images, expected, seed=0, workers=4, what="racy")
+
+
+def test_closing_joins_workers_when_the_loop_body_raises():
+    import contextlib
+    with pytest.raises(ZeroDivisionError):
+        with contextlib.closing(thread_map(square, range(1000), workers=3)) as it:
+            for x in it:
+                if x == 9:
+                    1 / 0
+    assert live_workers() == 0
