@@ -1,0 +1,265 @@
+"""helpers.data: every property of thread_map, the transforms, and the loaders the lesson compares."""
+import threading
+import time
+
+import pytest
+import torch
+
+from helpers import data
+from helpers.data import TransformError, live_workers, serial_map, thread_map
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    before = {t.ident for t in threading.enumerate()}
+    assert live_workers() == 0
+    yield
+    assert live_workers() == 0, "thread_map joins its workers before it returns or raises"
+    deadline = time.monotonic() + 2    # torchdata's threads notice the end within its 0.1 s queue poll
+    while (leaked := [t.name for t in threading.enumerate() if t.ident not in before]) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not leaked, f"threads left running: {leaked}"
+
+
+def square(x):
+    return x * x
+
+
+@pytest.mark.parametrize("workers,prefetch", [(1, 1), (3, None), (4, 2), (2, 7)])
+@pytest.mark.parametrize("n", [0, 1, 13])
+def test_ordered_matches_serial(workers, prefetch, n):
+    assert list(thread_map(square, range(n), workers=workers, prefetch=prefetch)) == [i * i for i in range(n)]
+
+
+def blocks_item_0_until_item_3():
+    released = threading.Event()
+
+    def fn(i):
+        if i == 0:
+            assert released.wait(5), "item 3 never ran"
+        if i == 3:
+            released.set()
+        return i
+    return fn
+
+
+def test_unordered_yields_in_completion_order():
+    out = list(thread_map(blocks_item_0_until_item_3(), range(6), workers=2, ordered=False))
+    assert sorted(out) == list(range(6))
+    assert out[0] != 0, "item 0 waits for item 3, so unordered it cannot come first"
+    assert list(thread_map(blocks_item_0_until_item_3(), range(6), workers=2)) == list(range(6))
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_prefetch_bounds_items_taken_ahead(prefetch):
+    pulled = []
+
+    def source():
+        for i in range(100):
+            pulled.append(i)
+            yield i
+
+    it = thread_map(square, source(), workers=2, prefetch=prefetch)
+    assert next(it) == 0
+    time.sleep(0.05)                     # workers are idle now; nothing more may be pulled
+    assert len(pulled) == prefetch
+    assert next(it) == 1
+    assert len(pulled) <= prefetch + 1
+    it.close()
+
+
+def test_seeded_results_do_not_depend_on_threads():
+    images = data.make_images(9, side=40)
+    reference = serial_map(data.augment_image, images, seed=7)
+    for workers in (1, 4):
+        for _ in range(2):
+            out = list(thread_map(data.augment_image, images, workers=workers, seed=7))
+            assert all(torch.equal(a, b) for a, b in zip(out, reference, strict=True))
+    other = serial_map(data.augment_image, images, seed=8)
+    assert not all(torch.equal(a, b) for a, b in zip(other, reference))
+
+
+def test_item_seed_is_a_function_of_seed_and_index():
+    assert data.item_seed(0, 5) == data.item_seed(0, 5)
+    seeds = {data.item_seed(s, i) for s in range(4) for i in range(100)}
+    assert len(seeds) == 400 and all(0 <= s < 2**63 for s in seeds)
+
+
+def fails_on_five(i):
+    if i == 5:
+        raise KeyError("bad record")
+    return i
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_error_names_the_item_and_keeps_the_cause(workers):
+    got = []
+    with pytest.raises(TransformError, match=r"item 5: KeyError: 'bad record'") as info:
+        for x in thread_map(fails_on_five, range(20), workers=workers):
+            got.append(x)
+    assert info.value.index == 5
+    assert isinstance(info.value.__cause__, KeyError)
+    assert got == [0, 1, 2, 3, 4], "ordered: every item before the failing one is delivered first"
+    assert live_workers() == 0
+
+
+def test_error_unordered_and_seeded():
+    with pytest.raises(TransformError) as info:
+        list(thread_map(lambda x, rng: fails_on_five(x), range(10), workers=2, ordered=False, seed=0))
+    assert info.value.index == 5
+
+
+def test_failing_input_iterable_stops_workers():
+    def source():
+        yield 1
+        yield 2
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        list(thread_map(square, source(), workers=3))
+    assert live_workers() == 0
+
+
+def test_abandoned_iterator_joins_workers():
+    before = len(threading.enumerate())
+    it = thread_map(square, range(1000), workers=4)
+    assert [next(it) for _ in range(3)] == [0, 1, 4]
+    assert live_workers() == 4 and len(threading.enumerate()) == before + 4
+    it.close()
+    assert live_workers() == 0 and len(threading.enumerate()) == before
+
+
+def test_break_out_of_loop_joins_workers():
+    before = len(threading.enumerate())
+    for x in thread_map(square, range(1000), workers=3):
+        if x > 10:
+            break
+    assert len(threading.enumerate()) == before
+
+
+def test_no_threads_before_first_item():
+    it = thread_map(square, range(5), workers=3)
+    assert live_workers() == 0
+    it.close()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"workers": 0}, "workers must be an int >= 1"),
+    ({"workers": 2.0}, "workers must be an int >= 1"),
+    ({"prefetch": 0}, "prefetch must be an int >= 1"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        thread_map(square, range(3), **kwargs)
+
+
+def test_not_callable():
+    with pytest.raises(TypeError, match="fn must be callable"):
+        thread_map(42, range(3))
+
+
+def fnv1a_reference(word: str) -> int:
+    h = 0xCBF29CE484222325
+    for byte in word.encode():
+        h = ((h ^ byte) * 0x100000001B3) % 2**64
+    return h % data.VOCAB
+
+
+@pytest.mark.parametrize("text,words", [
+    ("", []), ("  ,;!", []), ("Hello, world", ["hello", "world"]), ("a", ["a"]),
+    ("don't STOP-me now", ["don", "t", "stop", "me", "now"]),
+])
+def test_tokenize_matches_fnv1a(text, words):
+    assert data.tokenize(text) == [fnv1a_reference(w) for w in words]
+
+
+def test_make_texts_deterministic():
+    a, b = data.make_texts(3, words=20), data.make_texts(3, words=20)
+    assert a == b and len(a) == 3 and all(len(t.split()) == 20 for t in a)
+
+
+def test_augment_image_shape_and_constant_image():
+    img = torch.full((3, 33, 50), 200, dtype=torch.uint8)
+    out = data.augment_image(img, torch.Generator().manual_seed(0), size=24)
+    assert out.shape == (3, 24, 24) and out.dtype == torch.float32
+    expected = ((torch.full((3, 1, 1), 200 / 255) - data.MEAN) / data.STD).expand(3, 24, 24)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_augment_image_flip_and_crop_follow_the_generator():
+    img = torch.arange(3 * 16 * 16, dtype=torch.int64).remainder(256).to(torch.uint8).reshape(3, 16, 16)
+    outs = {tuple(data.augment_image(img, torch.Generator().manual_seed(s), size=8).flatten()[:4].tolist())
+            for s in range(12)}
+    assert len(outs) > 1, "different seeds must give different crops or flips"
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(data.augment_image(img, g1), data.augment_image(img, g2))
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(3, 8, 8), torch.zeros(1, 8, 8, dtype=torch.uint8),
+                                 torch.zeros(8, 8, dtype=torch.uint8)])
+def test_augment_image_rejects_bad_input(bad):
+    with pytest.raises(ValueError, match=r"expects a uint8 image of shape \(3, H, W\)"):
+        data.augment_image(bad)
+
+
+def test_dataloader_and_torchdata_match_serial():
+    texts = data.make_texts(5, words=30)
+    expected = [data.tokenize(t) for t in texts]
+    dl = data.dataloader(data.tokenize, texts, 1)
+    try:
+        assert [list(map(int, x)) if torch.is_tensor(x) else x for x in dl] == expected
+    finally:
+        data.shutdown([dl])
+    nl = data.nodes_loader(data.tokenize, texts, 2)
+    assert list(nl) == expected
+
+
+def test_measure_reports_items_per_second():
+    result = data.measure(data.tokenize, data.make_texts(2, words=10), [1], repeats=1, min_run_time=0.001)
+    assert set(result["results"]) == {"serial", "processes x1", "threads x1", "torchdata threads x1"}
+    assert all(r["items_per_s"] > 0 for r in result["results"].values())
+    assert result["threads"] == 1
+
+
+def test_check_same_outputs_names_the_first_differing_item():
+    from helpers.checks import CheckFailed
+    ref = [torch.zeros(2), torch.ones(2), torch.ones(2)]
+    data.check_same_outputs([t.clone() for t in ref], ref, what="same")
+    with pytest.raises(CheckFailed, match=r"item 1 differs.*\n   Hint: look here"):
+        data.check_same_outputs([torch.zeros(2), torch.zeros(2), torch.ones(2)], ref, what="x", hint="look here")
+    with pytest.raises(CheckFailed, match="2 items, expected 3"):
+        data.check_same_outputs(ref[:2], ref, what="x")
+    with pytest.raises(CheckFailed, match="expected a list, got tuple"):
+        data.check_same_outputs(tuple(ref), ref, what="x")
+    with pytest.raises(CheckFailed, match=r"item 0 differs .*got Tensor \(2,\) torch.float64"):
+        data.check_same_outputs([torch.zeros(2, dtype=torch.float64)] + ref[1:], ref, what="x")
+
+
+def test_check_thread_safe_catches_a_shared_buffer():
+    from helpers.checks import CheckFailed
+    images = [torch.full((64, 64), float(i)) for i in range(16)]
+    shared = torch.empty(64, 64)
+
+    def racy(x, rng):
+        torch.mul(x, 1.0, out=shared)
+        time.sleep(0.002)                      # another thread writes the buffer meanwhile
+        return shared.clone()
+
+    def safe(x, rng):
+        return x * 1.0
+
+    expected = serial_map(safe, images, seed=0)
+    data.check_thread_safe(safe, images, expected, seed=0, what="safe")
+    with pytest.raises(CheckFailed, match=r"(?s)items differ from the serial reference.*Hint: outputs that change"):
+        data.check_thread_safe(racy, images, expected, seed=0, workers=4, what="racy")
+
+
+def test_closing_joins_workers_when_the_loop_body_raises():
+    import contextlib
+    with pytest.raises(ZeroDivisionError):
+        with contextlib.closing(thread_map(square, range(1000), workers=3)) as it:
+            for x in it:
+                if x == 9:
+                    1 / 0
+    assert live_workers() == 0
