@@ -106,9 +106,7 @@ def padded_batch(lengths: list[int], dim: int, generator: torch.Generator | None
 
 def to_jagged(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The real tokens of a padded batch as a jagged nested tensor (B, j, D): no padding stored."""
-    lengths = mask.sum(1)
-    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-    return torch.nested.nested_tensor_from_jagged(x[mask], offsets)
+    return torch.nested.as_nested_tensor([row[m] for row, m in zip(x, mask)], layout=torch.jagged)
 
 
 # --- DLRM-style model with a mixture-of-experts top MLP -----------------------------------------
