@@ -11,4 +11,9 @@ bf16 numerics, a 2-process gloo DDP step), and `pipeline`: one JSON per run, a c
 from helpers.validation.pipeline import (chart, compare_runs, load_run, run_pipeline, save_run, table,
                                          write_report)
 
-__all__ = ["chart", "compare_runs", "load_run", "run_pipeline", "save_run", "table", "write_report"]
+__all__ = ["benchmark", "chart", "compare_runs", "load_run", "run_pipeline", "save_run", "table", "write_report"]
+
+
+def benchmark(quick: bool = False) -> dict:
+    """`python -m helpers bench validation`: one run of the pipeline, as JSON."""
+    return run_pipeline(quick=quick)
