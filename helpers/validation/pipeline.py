@@ -140,8 +140,7 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE) -> dict:
                                "gain": gain, "noise": noise, "status": status})
     checks = []
     for c in dict.fromkeys(list(a["checks"]) + list(b["checks"])):
-        pa, pb = (r["checks"].get(c, {}).get("passed") if isinstance(r["checks"].get(c), dict) else None
-                  for r in (a, b))
+        pa, pb = (_check_passed(r, c) for r in (a, b))
         status = ("missing in A" if pa is None else "missing in B" if pb is None else
                   "regression" if pa and not pb else "fixed" if pb and not pa else
                   "passes" if pa else "fails in both")
@@ -149,6 +148,12 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE) -> dict:
     return {"a": _summary(a), "b": _summary(b), "rows": rows, "missing": missing, "checks": checks,
             "regressions": [r for r in rows if r.get("status") == "regression"]
             + [c for c in checks if c["status"] == "regression"]}
+
+
+def _check_passed(run: dict, name: str) -> bool | None:
+    """True or False, or None when the run has no readable result for that check."""
+    result = run["checks"].get(name)
+    return result.get("passed") if isinstance(result, dict) else None
 
 
 def _summary(run: dict) -> dict:

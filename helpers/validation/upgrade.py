@@ -153,8 +153,9 @@ def _relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def check_amp(quick: bool, device: torch.device) -> dict:
     """Forward and backward of a conv + MLP model in fp32 and under torch.autocast(bfloat16): the
-    output and gradients agree within the stated tolerance, covered ops run in bf16, fp32-list ops
-    (layer_norm) stay fp32, and grouped_mm (not in autocast's op lists) is left in the input dtype."""
+    output and gradients agree within the stated tolerance; linear (lower-precision list) runs in bf16,
+    mse_loss (fp32 list) runs in fp32 even on bf16 inputs, and grouped_mm, in none of autocast's op
+    lists, is left in its inputs' dtype."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GELU(), nn.Flatten(), nn.Linear(16 * 8 * 8, 128),
                           nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 10)).to(device)
@@ -170,15 +171,16 @@ def check_amp(quick: bool, device: torch.device) -> dict:
     with torch.autocast(device.type, dtype=torch.bfloat16):
         amp_out, amp_grads = forward_backward()
         a = torch.randn(8, 16, device=device)
-        dtypes = {"linear": str(F.linear(a, torch.randn(4, 16, device=device)).dtype),
-                  "layer_norm": str(F.layer_norm(a, (16,)).dtype)}
+        low = a.bfloat16()
+        dtypes = {"linear": str(F.linear(a, torch.randn(4, 16, device=device)).dtype),     # fp32 in
+                  "mse_loss": str(F.mse_loss(low, torch.zeros_like(low)).dtype)}          # bf16 in
     with torch.autocast("cpu", dtype=torch.bfloat16):     # grouped_mm's fp32 path is the CPU fallback
         a = torch.randn(8, 16)
         dtypes["grouped_mm"] = str(F.grouped_mm(a, torch.randn(2, 16, 4),
                                                 offs=torch.tensor([3, 8], dtype=torch.int32)).dtype)
     out_err = _relative_error(amp_out, ref_out)
     grad_err = max(_relative_error(g, r) for g, r in zip(amp_grads, ref_grads))
-    expected = {"linear": "torch.bfloat16", "layer_norm": "torch.float32", "grouped_mm": "torch.float32"}
+    expected = {"linear": "torch.bfloat16", "mse_loss": "torch.float32", "grouped_mm": "torch.float32"}
     return {"passed": out_err <= AMP_OUTPUT_RTOL and grad_err <= AMP_GRAD_RTOL and dtypes == expected,
             "tolerance": f"max |bf16 - fp32| / max |fp32| <= {AMP_OUTPUT_RTOL} (output), <= {AMP_GRAD_RTOL} "
                          f"(gradients); op dtypes under autocast as {expected}",
