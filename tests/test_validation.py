@@ -143,8 +143,8 @@ def test_unknown_workload_is_rejected():
 
 def test_compare_recorded_runs_with_a_missing_workload():
     report = compare_runs(load_run(FIXTURES / "run_a.json"), load_run(FIXTURES / "run_b_missing_workload.json"))
-    assert report["missing"] == [{"workload": "dlrm_moe_train", "missing_in": "B",
-                                  "why": "RuntimeError: grouped_mm and per-expert loop disagree: loss 1.0988 vs 0.9585"}]
+    why = "RuntimeError: grouped_mm and per-expert loop disagree: loss 1.0988 vs 0.9585"
+    assert report["missing"] == [{"workload": "dlrm_moe_train", "missing_in": "B", "why": why}]
     compared = {(r["workload"], r["figure"]) for r in report["rows"]}
     assert ("bert_infer", "jagged_latency_L128") in compared and ("unet_attention", "iteration_time") in compared
     by_name = {(r["workload"], r["figure"]): r for r in report["rows"]}

@@ -91,7 +91,8 @@ def check_verdict(verdict, *, what: str) -> None:
         got = verdict(a, b)
         if got != expected:
             fail(what, f"A={a['value']} (range {a['min']:.3g}-{a['max']:.3g}), B={b['value']} "
-                       f"(range {b['min']:.3g}-{b['max']:.3g}), better={a['better']}: got {got!r}, expected {expected!r}",
+                       f"(range {b['min']:.3g}-{b['max']:.3g}), better={a['better']}: "
+                       f"got {got!r}, expected {expected!r}",
                  "gain = A/B for 'lower', B/A for 'higher'; threshold = max(noise A + noise B, 0.02), "
                  "noise = (max - min) / (2 * value)")
     passed(what)

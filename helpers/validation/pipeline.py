@@ -84,7 +84,8 @@ def load_run(path: str | Path) -> dict:
     try:
         run = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ValueError(f"{path}: no such run file; create one with `python -m helpers validate run --out {path}`") from None
+        raise ValueError(f"{path}: no such run file; create one with "
+                         f"`python -m helpers validate run --out {path}`") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}); the file is corrupt or truncated: "
                          f"re-run `python -m helpers validate run --out {path}`") from None
@@ -163,7 +164,8 @@ def _summary(run: dict) -> dict:
 def table(report: dict) -> str:
     """The comparison as plain text, one figure per line."""
     a, b = report["a"], report["b"]
-    lines = [f"A: {a['label']} (torch {a['torch']}, {a['device']})   B: {b['label']} (torch {b['torch']}, {b['device']})",
+    lines = [f"A: {a['label']} (torch {a['torch']}, {a['device']})   "
+             f"B: {b['label']} (torch {b['torch']}, {b['device']})",
              f"{'workload':<16}{'figure':<32}{'A':>12}{'B':>12}{'B gain':>9}{'noise':>8}  status"]
     for r in report["rows"]:
         if "gain" in r:
