@@ -220,3 +220,20 @@ def test_write_report_is_atomic_html(tmp_path):
     assert not report["regressions"]
     path = write_report(report, tmp_path / "sub" / "r.html")
     assert path.exists() and not list(path.parent.glob("*.tmp"))
+
+
+# --- the lab's checks --------------------------------------------------------------------------
+
+def test_lab_checks_fail_with_a_hint():
+    from helpers.checks import CheckFailed
+    from helpers.validation import labcheck
+    with pytest.raises(CheckFailed, match="dlrm_moe_train failed: RuntimeError"):
+        labcheck.check_run_file(FIXTURES / "run_b_missing_workload.json", threads=1, checks=[], what="run")
+    with pytest.raises(CheckFailed, match="expected 'regression'"):
+        labcheck.check_verdict(lambda a, b: "within noise", what="verdict")
+    report = compare_runs(load_run(FIXTURES / "run_a.json"), load_run(FIXTURES / "run_b_missing_workload.json"))
+    with pytest.raises(CheckFailed, match="jagged_gain_by_length must map"):
+        labcheck.check_answers({"jagged_gain_by_length": {}}, FIXTURES / "run_a.json", report, what="answers")
+    labcheck.check_report(report, FIXTURES / "run_a.json", FIXTURES / "run_b_missing_workload.json", what="report")
+    with pytest.raises(CheckFailed, match="not the file PATH_A"):
+        labcheck.check_report(report, FIXTURES / "run_b_missing_workload.json", FIXTURES / "run_a.json", what="report")
