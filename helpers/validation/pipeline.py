@@ -164,8 +164,8 @@ def _summary(run: dict) -> dict:
 def table(report: dict) -> str:
     """The comparison as plain text, one figure per line."""
     a, b = report["a"], report["b"]
-    lines = [f"A: {a['label']} (torch {a['torch']}, {a['device']})   "
-             f"B: {b['label']} (torch {b['torch']}, {b['device']})",
+    lines = [f"A: {a['label']} (torch {a['torch']}, {a['device']}, {a['threads']} threads)   "
+             f"B: {b['label']} (torch {b['torch']}, {b['device']}, {b['threads']} threads)",
              f"{'workload':<16}{'figure':<32}{'A':>12}{'B':>12}{'B gain':>9}{'noise':>8}  status"]
     for r in report["rows"]:
         if "gain" in r:
