@@ -68,6 +68,32 @@ def cmd_labs(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    """python -m helpers validate run|compare: the migration / performance validation pipeline."""
+    from helpers import validation
+    if args.action == "run":
+        run = validation.run_pipeline(quick=args.quick, device=args.device, threads=args.threads,
+                                      compile=args.compile, workloads=args.workloads, checks=args.checks,
+                                      label=args.label or "")
+        path = validation.save_run(run, args.out or f"runs/validation-{time.strftime('%Y%m%d-%H%M%S')}.json")
+        for name, result in run["checks"].items():
+            print(f"check {name}: {'passed' if result['passed'] else 'FAILED'}")
+        for name, error in run["errors"].items():
+            print(f"error in {name}: {error.splitlines()[0]}")
+        print(f"{len(run['workloads'])} workloads, {len(run['checks'])} checks, {len(run['errors'])} errors; "
+              f"written: {path}")
+        return 1 if run["errors"] or not all(c["passed"] for c in run["checks"].values()) else 0
+    if len(args.paths) != 2:
+        raise SystemExit("validate compare takes exactly two run files: A.json B.json")
+    try:
+        report = validation.compare_runs(*(validation.load_run(p) for p in args.paths))
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(validation.table(report))
+    print(f"written: {validation.write_report(report, args.out or 'runs/validation-report.html')}")
+    return 1 if report["regressions"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -90,9 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     labs = sub.add_parser("labs", help="write the student copies of the lab solutions")
     labs.add_argument("action", choices=["build"])
     labs.add_argument("paths", nargs="*")
+    val = sub.add_parser("validate", help="migration / performance validation: run the pipeline, compare two runs")
+    val.add_argument("action", choices=["run", "compare"])
+    val.add_argument("paths", nargs="*", help="compare: the two run files A.json B.json")
+    val.add_argument("--quick", action="store_true", help="run: small sizes (seconds per workload)")
+    val.add_argument("--device", default="auto")
+    val.add_argument("--threads", type=int)
+    val.add_argument("--compile", action="store_true", help="run: torch.compile every model (slow on CPU)")
+    val.add_argument("--workloads", nargs="*", help="run: a subset (default: all)")
+    val.add_argument("--checks", nargs="*", help="run: a subset of the upgrade checks (default: all)")
+    val.add_argument("--label")
+    val.add_argument("--out", help="run: the JSON file; compare: the HTML report")
     args = parser.parse_args(argv)
     handler = {"doctor": cmd_doctor, "run": cmd_run, "bench": cmd_bench, "notebooks": cmd_notebooks,
-               "labs": cmd_labs}[args.command]
+               "labs": cmd_labs, "validate": cmd_validate}[args.command]
     return handler(args)
 
 
