@@ -139,9 +139,17 @@ def sgd_step_foreach(params, grads, bufs, lr: float = 0.01, momentum: float = 0.
     torch._foreach_add_(params, bufs, alpha=-lr)
 
 
-def tiny_ops(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """One independent tiny op per tensor: n tensors, n ops, nothing to fuse vertically."""
-    return [t * 2.0 for t in tensors]
+def chain_ops(x: torch.Tensor, n_ops: int) -> torch.Tensor:
+    """n_ops tiny ops in a chain, each using the previous result: vertical fusion makes them one loop."""
+    for _ in range(n_ops):
+        x = x * 1.0001
+    return x
+
+
+def independent_ops(tensors: Sequence[torch.Tensor]) -> None:
+    """One tiny in-place op per tensor, none depending on another: only horizontal fusion can merge them."""
+    for t in tensors:
+        t.add_(1.0)
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -159,28 +167,32 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 def tiny_ops_sweep(counts: Sequence[int], *, size: int = 16, device: torch.device | str = "cpu",
                    repeats: int = 3, min_run_time: float = 0.05) -> dict:
-    """Time tiny_ops on n tensors of `size` elements, eager vs compiled, for each n in counts.
+    """Time n tiny ops on `size`-element tensors, eager vs compiled, for each n in counts: as a chain
+    on one tensor (chain_ops) and as one op on each of n tensors (independent_ops).
 
-    One compile per n (the list length is part of the graph). Returns per-n medians in seconds and a
-    straight-line fit (fixed cost + cost per op) for each mode."""
+    Compiles twice per n (n is part of each graph). Returns per-n medians in seconds, by candidate,
+    and a straight-line fit (fixed cost + cost per op) for each candidate when there are 2+ counts."""
     if not counts or min(counts) < 1:
         raise ValueError(f"counts must be a non-empty list of positive ints, got {list(counts)}")
-    eager_s, compiled_s = [], []
+    times: dict[str, list[float]] = {"eager chain": [], "compiled chain": [],
+                                     "eager independent": [], "compiled independent": []}
     for n in counts:
+        x = torch.randn(size, device=device)
         tensors = [torch.randn(size, device=device) for _ in range(n)]
-        compiled = torch.compile(tiny_ops, dynamic=False)
-        compiled(tensors)                                      # compile outside the timing
-        r = compare({"eager": lambda: tiny_ops(tensors), "compiled": lambda: compiled(tensors)},
-                    baseline="eager", repeats=repeats, min_run_time=min_run_time, device=device)
-        eager_s.append(r["results"]["eager"]["median_s"])
-        compiled_s.append(r["results"]["compiled"]["median_s"])
+        chain_c = torch.compile(chain_ops, dynamic=False)
+        indep_c = torch.compile(independent_ops, dynamic=False)
+        r = compare({"eager chain": lambda: chain_ops(x, n), "compiled chain": lambda: chain_c(x, n),
+                     "eager independent": lambda: independent_ops(tensors),
+                     "compiled independent": lambda: indep_c(tensors)},
+                    baseline="eager chain", repeats=repeats, min_run_time=min_run_time, device=device)
+        for name in times:
+            times[name].append(r["results"][name]["median_s"])
     fits = {}
-    for mode, times in (("eager", eager_s), ("compiled", compiled_s)):
-        if len(counts) >= 2:
-            fixed, per_op = fit_line(list(counts), times)
-            fits[mode] = {"fixed_s": fixed, "per_op_s": per_op}
-    return {"counts": list(counts), "size": size, "device": str(device), "eager_s": eager_s,
-            "compiled_s": compiled_s, "fit": fits}
+    if len(counts) >= 2:
+        for name, ys in times.items():
+            fixed, per_op = fit_line(list(counts), ys)
+            fits[name] = {"fixed_s": fixed, "per_op_s": per_op}
+    return {"counts": list(counts), "size": size, "device": str(device), "median_s": times, "fit": fits}
 
 
 # --- The hand-written Triton combo kernel --------------------------------------------------------
@@ -244,10 +256,15 @@ def _prepare(xs: Sequence[torch.Tensor], block: int) -> tuple[list[torch.Tensor]
     _check_combo_inputs(xs)
     if block < 16 or block & (block - 1):
         raise ValueError(f"block must be a power of two >= 16 (Triton's tl.arange needs one), got {block}")
-    if xs[0].device.type == "cpu" and not _kernels().INTERPRETED:
+    kernels = _kernels()
+    if xs[0].device.type == "cpu" and not kernels.INTERPRETED:
         raise RuntimeError("these tensors are on the CPU but the Triton kernels were built for a GPU: set "
-                           "os.environ['TRITON_INTERPRET'] = '1' before the first launch (in a fresh "
-                           "process) or move the tensors to the GPU")
+                           "os.environ['TRITON_INTERPRET'] = '1' at the start of a fresh process, or move "
+                           "the tensors to the GPU")
+    if kernels.INTERPRETED and not kernels.LANGUAGE_INTERPRETED:
+        raise RuntimeError("Triton was imported before TRITON_INTERPRET=1 was set (torch.compile imports "
+                           "it), so its own helpers are not interpreted: set os.environ['TRITON_INTERPRET'] "
+                           "= '1' at the start of the process, before torch.compile or import triton")
     flat = [x.contiguous().reshape(-1) for x in xs]
     return flat, [torch.empty_like(x) for x in flat]
 

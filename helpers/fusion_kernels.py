@@ -4,8 +4,12 @@ Triton resolves the names a kernel calls (apply_part) among this module's global
 live at module level here rather than inside a function."""
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 INTERPRETED = bool(triton.knobs.runtime.interpret)   # how these kernels were built
+# triton.language's own helpers (tl.cdiv, tl.sigmoid, ...) are jit functions too, built when triton was
+# first imported: if that happened before TRITON_INTERPRET=1 was set, interpreted kernels cannot call them.
+LANGUAGE_INTERPRETED = isinstance(tl.standard.cdiv, InterpretedFunction)
 
 
 @triton.jit
