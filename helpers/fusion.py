@@ -206,9 +206,13 @@ def combo_reference(xs: Sequence[torch.Tensor], alpha: float = 0.5) -> list[torc
 
 
 def _check_combo_inputs(xs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if len(xs) != 3 or not all(isinstance(x, torch.Tensor) for x in xs):
+    if len(xs) != 3:
         raise ValueError(f"the combo kernel takes exactly 3 tensors (one per part: {', '.join(COMBO_PARTS)}), "
-                         f"got {len(xs)} items")
+                         f"got {len(xs)}")
+    for i, x in enumerate(xs):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"item {i} is a {type(x).__name__}, not a tensor: pass 3 tensors "
+                             f"(torch.as_tensor(...) converts a list)")
     devices = {x.device for x in xs}
     if len(devices) != 1:
         raise ValueError(f"all 3 tensors must be on one device, got {sorted(map(str, devices))}: "
