@@ -297,21 +297,29 @@ def separate_launches(xs: Sequence[torch.Tensor], alpha: float = 0.5, block: int
 
 # --- `python -m helpers bench fusion` -------------------------------------------------------------
 
-def benchmark(quick: bool = False, device: torch.device | str | None = None) -> dict:
+def benchmark(quick: bool = False, device: torch.device | str | None = None, threads: int = 1) -> dict:
     """Eager loop vs _foreach_ vs compiled for an SGD-momentum step over many small tensors, and the
-    tiny-ops launch-overhead sweep. JSON-ready; speed is measured, never asserted."""
+    tiny-ops launch-overhead sweep. JSON-ready; speed is measured, never asserted.
+
+    Compiles and times with `threads` CPU threads (restored afterwards): these tensors are too small to
+    share between threads, and the generated code's OpenMP barriers stall on a busy machine."""
     from helpers.device import pick_device
 
     device = torch.device(device) if device is not None else pick_device()
     n_tensors, base = (10, 256) if quick else (30, 1024)
-    state = make_sgd_state(n_tensors, base, device=device)
-    info = inspect_compiled(sgd_step, *state)
-    result = compare({"eager loop": lambda: sgd_step(*state),
-                      "_foreach_": lambda: sgd_step_foreach(*state),
-                      "compiled": lambda: info.fn(*state)},
-                     baseline="eager loop", repeats=3 if quick else 7, device=device)
-    result["workload"] = {"n_tensors": n_tensors, "sizes": [p.numel() for p in state[0]],
-                          "kernel_functions": len(info.kernel_functions), "loop_kernels": info.loop_kernels,
-                          "compile_s": info.compile_s}
-    sweep = tiny_ops_sweep((1, 16) if quick else (1, 4, 16, 64), device=device)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        state = make_sgd_state(n_tensors, base, device=device)
+        info = inspect_compiled(sgd_step, *state)
+        result = compare({"eager loop": lambda: sgd_step(*state),
+                          "_foreach_": lambda: sgd_step_foreach(*state),
+                          "compiled": lambda: info.fn(*state)},
+                         baseline="eager loop", repeats=3 if quick else 7, device=device)
+        result["workload"] = {"n_tensors": n_tensors, "sizes": [p.numel() for p in state[0]],
+                              "kernel_functions": len(info.kernel_functions), "loop_kernels": info.loop_kernels,
+                              "compile_s": info.compile_s}
+        sweep = tiny_ops_sweep((1, 16) if quick else (1, 4, 16, 64), device=device)
+    finally:
+        torch.set_num_threads(old_threads)
     return {"sgd_step": result, "tiny_ops_sweep": sweep}

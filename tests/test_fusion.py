@@ -123,6 +123,12 @@ def test_sgd_loop_and_foreach_agree():
         fusion.make_sgd_state(0)
 
 
+def test_tiny_ops_sweep_rejects_bad_counts():
+    for counts in ([], [0, 4]):
+        with pytest.raises(ValueError, match="non-empty list of positive ints"):
+            fusion.tiny_ops_sweep(counts)
+
+
 def test_chain_and_independent_ops():
     x = torch.ones(4)
     torch.testing.assert_close(fusion.chain_ops(x, 3), torch.full((4,), 1.0001 ** 3))
