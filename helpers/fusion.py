@@ -1,0 +1,325 @@
+"""Horizontal fusion: what torch.compile generates, and a hand-written Triton combo kernel.
+
+    info = inspect_compiled(fn, *args)                 # compile, run once, keep the generated code
+    print(info.kernel_functions, info.loop_kernels)    # cpp_fused_* / triton_* functions; kernels generated
+    outs = combo_launch([x0, x1, x2], alpha=0.5)       # three elementwise ops in ONE Triton launch
+    refs = combo_reference([x0, x1, x2], alpha=0.5)    # the same in eager PyTorch
+
+Triton is optional (`pip install triton`). The kernels live in helpers.fusion_kernels, imported on
+first use; Triton decides at that import whether they run compiled or under its interpreter
+(`triton.jit` reads TRITON_INTERPRET when it decorates a function). On a CPU-only machine set
+os.environ["TRITON_INTERPRET"] = "1" before the first combo_launch / separate_launches call.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from helpers.bench import compare
+
+# Inductor options for the GPU comparison: combo kernels on or off, with the decision pinned.
+# benchmark_combo_kernel=True would time each candidate group and keep only faster ones, so whether
+# kernels get combined would depend on the run; False makes the generated code deterministic.
+COMBO_OFF = {"combo_kernels": False, "benchmark_combo_kernel": False}
+COMBO_ON = {"combo_kernels": True, "benchmark_combo_kernel": False}
+
+COMBO_PARTS = ("scale: x * alpha", "relu: max(x, 0)", "silu: x * sigmoid(x)")
+COMBO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_KERNEL_DEF = re.compile(r"^(\w+) = async_compile\.(?:cpp_pybinding|cpp|triton)\(", re.M)
+_EXTERN_CALL = re.compile(r"\bextern_kernels\.(\w+)\(")
+
+
+# --- What torch.compile generates --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompiledCode:
+    fn: Callable                  # the compiled function (reuse it: calling it again does not recompile)
+    result: object                # what the first call returned
+    code: str                     # Inductor's generated Python module(s): wrapper plus kernel sources
+    kernel_functions: list[str]   # generated kernels the wrapper calls (cpp_fused_*, triton_*), in order
+    extern_calls: list[str]       # library calls the wrapper makes instead (mm, convolution, ...)
+    loop_kernels: int             # torch._inductor.metrics.generated_kernel_count for this compile
+    compile_s: float              # wall time of the first call, compile included
+
+
+def kernel_functions(code: str) -> list[str]:
+    """Names of the kernels defined in Inductor output code (one per C++ function or Triton kernel)."""
+    return _KERNEL_DEF.findall(code)
+
+
+def inspect_compiled(fn: Callable, *args, options: dict | None = None, dynamic: bool = False,
+                     **kwargs) -> CompiledCode:
+    """Compile fn with torch.compile (Inductor), call it once on args, and return the generated code.
+
+    options: Inductor config overrides for this compile only, e.g. COMBO_ON (an unknown name raises).
+    Uses torch._inductor.utils.run_and_get_code, which calls torch._dynamo.reset() first: functions
+    compiled earlier recompile on their next call (cheap when Inductor's cache has them).
+    loop_kernels counts kernels as Inductor generates them: on CPU every loop nest, even when several
+    share one cpp_fused_* function; on GPU every Triton kernel (a combo kernel counts once).
+    """
+    from torch._inductor import metrics
+    from torch._inductor.utils import run_and_get_code
+
+    if not callable(fn):
+        raise TypeError(f"inspect_compiled needs a function, got {type(fn).__name__}")
+    compiled = torch.compile(fn, options=dict(options or {}), dynamic=dynamic)
+    metrics.reset()
+    start = time.perf_counter()
+    result, codes = run_and_get_code(compiled, *args, **kwargs)
+    elapsed = time.perf_counter() - start
+    if not codes:
+        raise RuntimeError("torch.compile produced no Inductor code for this function (did it run in eager "
+                           "because of a graph break, or does it contain no tensor operations?)")
+    code = "\n".join(codes)
+    return CompiledCode(fn=compiled, result=result, code=code, kernel_functions=kernel_functions(code),
+                        extern_calls=_EXTERN_CALL.findall(code), loop_kernels=metrics.generated_kernel_count,
+                        compile_s=elapsed)
+
+
+def kernel_source(code: str, name: str, max_lines: int | None = None) -> str:
+    """The source of one generated kernel (by name) from Inductor output code."""
+    start = code.find(f"{name} = async_compile.")
+    if start < 0:
+        raise KeyError(f"no kernel named {name!r} in this code; kernels: {kernel_functions(code)}")
+    end = code.find("''')", start)
+    lines = code[start:end + 4].splitlines()
+    if max_lines is not None and len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"    ... ({len(lines) - max_lines} more lines)"]
+    return "\n".join(lines)
+
+
+def wrapper_calls(code: str) -> list[str]:
+    """The lines of the generated `call` function that launch kernels or library calls."""
+    names = set(kernel_functions(code))
+    calls = []
+    for line in code.splitlines():
+        stripped = line.strip()
+        head = stripped.split("(")[0].split(".")[0]
+        if head in names or stripped.startswith("extern_kernels."):
+            calls.append(stripped)
+    return calls
+
+
+# --- The workloads: an optimizer-style update, and many tiny independent ops --------------------
+
+def make_sgd_state(n_tensors: int, base_size: int = 1024, device: torch.device | str = "cpu",
+                   seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """params, grads, momentum buffers: n_tensors ragged 1-D tensors (sizes base_size + 37*i), like
+    the parameters of a small model."""
+    if n_tensors < 1 or base_size < 1:
+        raise ValueError(f"n_tensors and base_size must be >= 1, got {n_tensors} and {base_size}")
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [base_size + 37 * i for i in range(n_tensors)]
+    params = [torch.randn(s, generator=gen).to(device) for s in sizes]
+    grads = [torch.randn(s, generator=gen).to(device) for s in sizes]
+    bufs = [torch.zeros(s, device=device) for s in sizes]
+    return params, grads, bufs
+
+
+def sgd_step(params, grads, bufs, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 1e-4) -> None:
+    """SGD with momentum and weight decay, one tensor at a time (what a for-loop optimizer does):
+    5 small ops per tensor in eager mode."""
+    for p, g, b in zip(params, grads, bufs):
+        d = g + weight_decay * p
+        b.mul_(momentum).add_(d)
+        p.add_(b, alpha=-lr)
+
+
+def sgd_step_foreach(params, grads, bufs, lr: float = 0.01, momentum: float = 0.9,
+                     weight_decay: float = 1e-4) -> None:
+    """The same update with torch._foreach_* ops: one call per op for the whole list."""
+    d = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_mul_(bufs, momentum)
+    torch._foreach_add_(bufs, d)
+    torch._foreach_add_(params, bufs, alpha=-lr)
+
+
+def chain_ops(x: torch.Tensor, n_ops: int) -> torch.Tensor:
+    """n_ops tiny ops in a chain, each using the previous result: vertical fusion makes them one loop."""
+    for _ in range(n_ops):
+        x = x * 1.0001
+    return x
+
+
+def independent_ops(tensors: Sequence[torch.Tensor]) -> None:
+    """One tiny in-place op per tensor, none depending on another: only horizontal fusion can merge them."""
+    for t in tensors:
+        t.add_(1.0)
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ys against xs: the fixed cost and the cost per op."""
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError("fit_line needs two equally long sequences of at least 2 points")
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError("fit_line needs at least two different x values")
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
+def tiny_ops_sweep(counts: Sequence[int], *, size: int = 16, device: torch.device | str = "cpu",
+                   repeats: int = 3, min_run_time: float = 0.05) -> dict:
+    """Time n tiny ops on `size`-element tensors, eager vs compiled, for each n in counts: as a chain
+    on one tensor (chain_ops) and as one op on each of n tensors (independent_ops).
+
+    Compiles twice per n (n is part of each graph). Returns per-n medians in seconds, by candidate,
+    and a straight-line fit (fixed cost + cost per op) for each candidate when there are 2+ counts."""
+    if not counts or min(counts) < 1:
+        raise ValueError(f"counts must be a non-empty list of positive ints, got {list(counts)}")
+    times: dict[str, list[float]] = {"eager chain": [], "compiled chain": [],
+                                     "eager independent": [], "compiled independent": []}
+    for n in counts:
+        x = torch.randn(size, device=device)
+        tensors = [torch.randn(size, device=device) for _ in range(n)]
+        chain_c = torch.compile(chain_ops, dynamic=False)
+        indep_c = torch.compile(independent_ops, dynamic=False)
+        r = compare({"eager chain": lambda: chain_ops(x, n), "compiled chain": lambda: chain_c(x, n),
+                     "eager independent": lambda: independent_ops(tensors),
+                     "compiled independent": lambda: indep_c(tensors)},
+                    baseline="eager chain", repeats=repeats, min_run_time=min_run_time, device=device)
+        for name in times:
+            times[name].append(r["results"][name]["median_s"])
+    fits = {}
+    if len(counts) >= 2:
+        for name, ys in times.items():
+            fixed, per_op = fit_line(list(counts), ys)
+            fits[name] = {"fixed_s": fixed, "per_op_s": per_op}
+    return {"counts": list(counts), "size": size, "device": str(device), "median_s": times, "fit": fits}
+
+
+# --- The hand-written Triton combo kernel --------------------------------------------------------
+
+def combo_reference(xs: Sequence[torch.Tensor], alpha: float = 0.5) -> list[torch.Tensor]:
+    """What the combo kernel computes, in eager PyTorch: part 0 x*alpha, part 1 relu, part 2 silu
+    (computed in fp32, returned in each input's dtype)."""
+    x0, x1, x2 = _check_combo_inputs(xs)
+    return [(x0.float() * alpha).to(x0.dtype), torch.relu(x1.float()).to(x1.dtype),
+            torch.nn.functional.silu(x2.float()).to(x2.dtype)]
+
+
+def _check_combo_inputs(xs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if len(xs) != 3:
+        raise ValueError(f"the combo kernel takes exactly 3 tensors (one per part: {', '.join(COMBO_PARTS)}), "
+                         f"got {len(xs)}")
+    for i, x in enumerate(xs):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"item {i} is a {type(x).__name__}, not a tensor: pass 3 tensors "
+                             f"(torch.as_tensor(...) converts a list)")
+    devices = {x.device for x in xs}
+    if len(devices) != 1:
+        raise ValueError(f"all 3 tensors must be on one device, got {sorted(map(str, devices))}: "
+                         f"move them with .to(device)")
+    for i, x in enumerate(xs):
+        if x.dtype not in COMBO_DTYPES:
+            raise TypeError(f"tensor {i} has dtype {x.dtype}; the combo kernel takes float32, float16 or "
+                            f"bfloat16 (convert with x.float())")
+    return xs[0], xs[1], xs[2]
+
+
+def combo_grid(numels: Sequence[int], block: int) -> tuple[int, list[int]]:
+    """Programs to launch for a combo kernel, and where each part's programs end (cumulative).
+
+    Each part needs ceil(numel / block) programs; the launch is their sum. Part i owns program ids
+    ends[i-1] <= pid < ends[i]. This is Inductor's sequential combo grid (num_xblocks_0, _1, ...)."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    ends, total = [], 0
+    for n in numels:
+        if n < 0:
+            raise ValueError(f"numels must be >= 0, got {list(numels)}")
+        total += -(-n // block)
+        ends.append(total)
+    return total, ends
+
+
+def kernels_interpreted() -> bool:
+    """Whether the combo kernels run under Triton's interpreter (decided when they were first built)."""
+    return _kernels().INTERPRETED
+
+
+def _kernels():
+    """The Triton kernels, imported on first use (Triton reads TRITON_INTERPRET at that import)."""
+    import importlib
+    return importlib.import_module("helpers.fusion_kernels")
+
+
+def apply_part_kernel():
+    """The @triton.jit device function for one block of one part (for kernels written in the lab)."""
+    return _kernels().apply_part
+
+
+def _prepare(xs: Sequence[torch.Tensor], block: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    _check_combo_inputs(xs)
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 16 (Triton's tl.arange needs one), got {block}")
+    kernels = _kernels()
+    if xs[0].device.type == "cpu" and not kernels.INTERPRETED:
+        raise RuntimeError("these tensors are on the CPU but the Triton kernels were built for a GPU: set "
+                           "os.environ['TRITON_INTERPRET'] = '1' at the start of a fresh process, or move "
+                           "the tensors to the GPU")
+    if kernels.INTERPRETED and not kernels.LANGUAGE_INTERPRETED:
+        raise RuntimeError("Triton was imported before TRITON_INTERPRET=1 was set (torch.compile imports "
+                           "it), so its own helpers are not interpreted: set os.environ['TRITON_INTERPRET'] "
+                           "= '1' at the start of the process, before torch.compile or import triton")
+    flat = [x.contiguous().reshape(-1) for x in xs]
+    return flat, [torch.empty_like(x) for x in flat]
+
+
+def combo_launch(xs: Sequence[torch.Tensor], alpha: float = 0.5, block: int = 1024) -> list[torch.Tensor]:
+    """Run the three parts (x*alpha, relu, silu) on three tensors of any sizes with ONE kernel launch.
+    Returns new tensors shaped like the inputs."""
+    flat, outs = _prepare(xs, block)
+    total, _ = combo_grid([x.numel() for x in flat], block)
+    if total > 0:
+        _kernels().combo_kernel[(total,)](flat[0], outs[0], flat[0].numel(), flat[1], outs[1], flat[1].numel(),
+                                      flat[2], outs[2], flat[2].numel(), alpha, BLOCK=block)
+    return [o.view(x.shape) for o, x in zip(outs, xs)]
+
+
+def separate_launches(xs: Sequence[torch.Tensor], alpha: float = 0.5, block: int = 1024) -> list[torch.Tensor]:
+    """The same three parts as three kernel launches (the baseline a combo kernel removes)."""
+    flat, outs = _prepare(xs, block)
+    single = _kernels().single_kernel
+    for part, (x, y) in enumerate(zip(flat, outs)):
+        programs = -(-x.numel() // block)
+        if programs:
+            single[(programs,)](x, y, x.numel(), alpha, PART=part, BLOCK=block)
+    return [o.view(x.shape) for o, x in zip(outs, xs)]
+
+
+# --- `python -m helpers bench fusion` -------------------------------------------------------------
+
+def benchmark(quick: bool = False, device: torch.device | str | None = None, threads: int = 1) -> dict:
+    """Eager loop vs _foreach_ vs compiled for an SGD-momentum step over many small tensors, and the
+    tiny-ops launch-overhead sweep. JSON-ready; speed is measured, never asserted.
+
+    Compiles and times with `threads` CPU threads (restored afterwards): these tensors are too small to
+    share between threads, and the generated code's OpenMP barriers stall on a busy machine."""
+    from helpers.device import pick_device
+
+    device = torch.device(device) if device is not None else pick_device()
+    n_tensors, base = (10, 256) if quick else (30, 1024)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        state = make_sgd_state(n_tensors, base, device=device)
+        info = inspect_compiled(sgd_step, *state)
+        result = compare({"eager loop": lambda: sgd_step(*state),
+                          "_foreach_": lambda: sgd_step_foreach(*state),
+                          "compiled": lambda: info.fn(*state)},
+                         baseline="eager loop", repeats=3 if quick else 7, device=device)
+        result["workload"] = {"n_tensors": n_tensors, "sizes": [p.numel() for p in state[0]],
+                              "kernel_functions": len(info.kernel_functions), "loop_kernels": info.loop_kernels,
+                              "compile_s": info.compile_s}
+        sweep = tiny_ops_sweep((1, 16) if quick else (1, 4, 16, 64), device=device)
+    finally:
+        torch.set_num_threads(old_threads)
+    return {"sgd_step": result, "tiny_ops_sweep": sweep}
