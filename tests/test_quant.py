@@ -228,7 +228,7 @@ def test_swap_linears_replaces_nested_layers():
 
 def test_fp8_tensorwise_and_rowwise_close_to_fp32():
     x = torch.randn(16, 64)
-    w = torch.randn(32, 64) * torch.logspace(-3, 0, 32)[:, None]     # rows of very different size
+    w = torch.randn(32, 64) * torch.logspace(-6, 0, 32)[:, None]     # beyond e4m3's exponent range
     ref = x @ w.t()
     rel = {}
     for rowwise in (False, True):
@@ -236,7 +236,7 @@ def test_fp8_tensorwise_and_rowwise_close_to_fp32():
         assert out.dtype == torch.bfloat16 and out.shape == (16, 32)
         rel[rowwise] = ((out.float() - ref).norm(dim=0) / ref.norm(dim=0)).max().item()
     assert rel[True] < 0.1
-    assert rel[True] < rel[False], "row-wise scales keep small rows accurate"
+    assert rel[False] > 2 * rel[True], "row-wise scales keep the smallest rows from underflowing"
 
 
 # --- lab check and benchmark -----------------------------------------------------------------
