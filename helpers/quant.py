@@ -401,8 +401,8 @@ def check_deployment(quantized: nn.Module, reference: nn.Module, inputs: torch.T
     print(f"batch-1 speed-up: {speedup:.2f}x" + (f" (target {min_speedup:.1f}x)" if min_speedup else " (no target in quick mode)"))
     if min_speedup is not None and speedup < min_speedup:
         fail(what, f"{speedup:.2f}x faster than fp32 at batch 1, the target is {min_speedup}x",
-             "feed the int8 kernel bf16 activations (fp32 activations take a slow path); "
-             "check that every large Linear was swapped")
+             "feed the int8 kernel bf16 activations (fp32 activations take a slow path); check that every "
+             "large Linear was swapped; on a machine busy with other work, time at torch.set_num_threads(1)")
     passed(what)
     return {"accuracy": acc_q, "reference_accuracy": acc_ref, "bytes": size_q, "reference_bytes": size_ref,
             "speedup": speedup}
@@ -412,8 +412,8 @@ def check_deployment(quantized: nn.Module, reference: nn.Module, inputs: torch.T
 
 def benchmark(quick: bool = False) -> dict:
     """`python -m helpers bench quant`: latency and % of measured read bandwidth at M=1 for every
-    variant, timed in one run. Full mode: 4096x4096, with the weights of `layers` distinct layers
-    cycled so they come from memory, not from the cache (as in a model's forward)."""
+    variant, timed in one run per thread count (1 and all). Full mode: 4096x4096, with the weights of
+    several distinct layers cycled so they come from memory, not from the cache (as in a model's forward)."""
     n = k = 1024 if quick else 4096
     layers = 2 if quick else 8
     torch.manual_seed(0)
@@ -441,16 +441,18 @@ def benchmark(quick: bool = False) -> dict:
         "int8 wo, fp32 activations": (cycled(lambda i: int8_fp32[i](x)), 1),
         "fp8 _scaled_mm row-wise": (cycled(lambda i: fp8_matmul(x8, sx8, *fp8[i])), 1),
     }
-    with torch.no_grad():
-        result = bench.compare({name: fn for name, (fn, _) in candidates.items()}, baseline="fp32 F.linear",
-                               repeats=3 if quick else 5, min_run_time=0.05 if quick else 0.2)
-    limits = bench.measure_limits(quick=True) if quick else bench.machine_limits()
-    bandwidth = limits["read_bandwidth_gbs"]
-    for name, (_, bytes_per_weight) in candidates.items():
-        entry = result["results"][name]
-        entry["weight_bytes"] = bytes_per_weight * n * k
-        entry["read_gbs"] = entry["weight_bytes"] / entry["median_s"] / 1e9
-        entry["percent_of_read_bandwidth"] = bench.percent_of_limit(entry["read_gbs"], bandwidth)
-    result.update({"shape": {"M": 1, "N": n, "K": k}, "layers_cycled": layers,
-                   "read_bandwidth_gbs": bandwidth, "quick": quick})
-    return result
+    runs = {}
+    for threads in sorted({1, torch.get_num_threads()}):
+        with torch.no_grad():
+            result = bench.compare({name: fn for name, (fn, _) in candidates.items()}, baseline="fp32 F.linear",
+                                   repeats=3 if quick else 5, min_run_time=0.05 if quick else 0.2, threads=threads)
+        limits = bench.measure_limits(threads=threads, quick=True) if quick else bench.machine_limits(threads=threads)
+        for name, (_, bytes_per_weight) in candidates.items():
+            entry = result["results"][name]
+            entry["weight_bytes"] = bytes_per_weight * n * k
+            entry["read_gbs"] = entry["weight_bytes"] / entry["median_s"] / 1e9
+            entry["percent_of_read_bandwidth"] = bench.percent_of_limit(entry["read_gbs"],
+                                                                        limits["read_bandwidth_gbs"])
+        result["read_bandwidth_gbs"] = limits["read_bandwidth_gbs"]
+        runs[str(threads)] = result
+    return {"shape": {"M": 1, "N": n, "K": k}, "layers_cycled": layers, "quick": quick, "by_threads": runs}

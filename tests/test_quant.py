@@ -255,6 +255,8 @@ def test_check_deployment_fails_with_a_hint_on_accuracy():
 def test_benchmark_quick_reports_every_variant():
     result = quant.benchmark(quick=True)
     assert result["shape"] == {"M": 1, "N": 1024, "K": 1024}
-    assert len(result["results"]) == 5
-    for entry in result["results"].values():
-        assert entry["median_s"] > 0 and entry["percent_of_read_bandwidth"] > 0
+    assert "1" in result["by_threads"]
+    for run in result["by_threads"].values():
+        assert len(run["results"]) == 5 and run["read_bandwidth_gbs"] > 0
+        for entry in run["results"].values():
+            assert entry["median_s"] > 0 and entry["percent_of_read_bandwidth"] > 0
