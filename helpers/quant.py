@@ -49,8 +49,8 @@ def _reduce_dims(x: torch.Tensor, axis: int | None) -> list[int]:
     return [d for d in range(x.dim()) if d != axis % x.dim()]
 
 
-def _keep_shape(scale: torch.Tensor, x: torch.Tensor, axis: int | None) -> torch.Tensor:
-    """Reshape a per-tensor (0-D) or per-channel (1-D) scale so it broadcasts against x."""
+def broadcast_scale(scale: torch.Tensor, x: torch.Tensor, axis: int | None) -> torch.Tensor:
+    """A per-tensor (0-D) or per-channel (1-D, along axis) scale reshaped to broadcast against x."""
     if axis is None:
         return scale.reshape([1] * x.dim())
     shape = [1] * x.dim()
@@ -150,7 +150,7 @@ def mse_scale(x: torch.Tensor, bits: int = 8, axis: int | None = None, grid: int
     best, best_err = base.clone(), torch.full_like(base, float("inf"))
     for frac in torch.linspace(0.2, 1.0, grid):
         scale = base * frac
-        err = (fake_quantize(xf, _keep_shape(scale, x, axis), bits) - xf).pow(2).sum(dim=dims)
+        err = (fake_quantize(xf, broadcast_scale(scale, x, axis), bits) - xf).pow(2).sum(dim=dims)
         better = err < best_err
         best = torch.where(better, scale, best)
         best_err = torch.where(better, err, best_err)

@@ -88,7 +88,7 @@ def test_calibrators_on_outliers():
         for axis in (None, 0):
             scale = quant.calibrate(x, method, bits=8, axis=axis)
             assert scale.shape == (() if axis is None else (32,))
-            errors[method, axis] = quant.sqnr_db(x, quant.fake_quantize(x, quant._keep_shape(scale, x, axis)))
+            errors[method, axis] = quant.sqnr_db(x, quant.fake_quantize(x, quant.broadcast_scale(scale, x, axis)))
     assert quant.calibrate(x, "percentile", percentile=99.0) < quant.calibrate(x, "minmax")
     for method in quant.CALIBRATORS:
         assert errors[method, 0] > errors[method, None], "per channel beats per tensor here"
