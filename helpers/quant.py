@@ -1,0 +1,458 @@
+"""Quantization for deployment: small functions with plain tensors in and out.
+
+    q, scales = quantize_per_channel(w)              # int8 [N, K], fp32 [N]
+    w_hat = dequantize_per_channel(q, scales)
+    scale = calibrate(x, "mse", bits=8, axis=0)      # min-max, percentile or MSE
+    layer = Int8WeightOnlyLinear.from_linear(linear) # torch._weight_int8pack_mm, bf16 activations
+    y = fake_quant_ste(w, scale, bits=4)             # forward quantized, gradient straight through
+
+Quantization here is symmetric (zero point 0): q = clamp(round(x / scale), -qmax, qmax) with
+qmax = 2**(bits-1) - 1, and x is approximately q * scale.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers import bench
+from helpers.checks import fail, passed
+
+CALIBRATORS = ("minmax", "percentile", "mse")
+INT8_PATHS = ("int8pack_bf16", "int8pack_fp32", "dequant")
+BF16_K_MULTIPLE = 8   # torch 2.13 CPU: _weight_int8pack_mm with bf16 input and K % 8 != 0 segfaulted here
+FP8 = torch.float8_e4m3fn
+
+
+def qmax(bits: int) -> int:
+    """The largest quantized magnitude for a signed symmetric `bits`-bit code (127 for 8 bits)."""
+    if not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise ValueError(f"bits must be an int from 2 to 8 (int8 storage), got {bits!r}")
+    return 2 ** (bits - 1) - 1
+
+
+def _check_float(x: torch.Tensor, what: str) -> None:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"{what} must be a floating-point tensor, got {got}; quantize the float weights")
+
+
+def _reduce_dims(x: torch.Tensor, axis: int | None) -> list[int]:
+    """The dimensions a scale is computed over: all of them (per tensor) or all but `axis`."""
+    if axis is None:
+        return list(range(x.dim()))
+    if not -x.dim() <= axis < x.dim():
+        raise ValueError(f"axis {axis} is out of range for a {x.dim()}-D tensor")
+    return [d for d in range(x.dim()) if d != axis % x.dim()]
+
+
+def broadcast_scale(scale: torch.Tensor, x: torch.Tensor, axis: int | None) -> torch.Tensor:
+    """A per-tensor (0-D) or per-channel (1-D, along axis) scale reshaped to broadcast against x."""
+    if axis is None:
+        return scale.reshape([1] * x.dim())
+    shape = [1] * x.dim()
+    shape[axis % x.dim()] = -1
+    return scale.reshape(shape)
+
+
+# --- Quantize and dequantize -----------------------------------------------------------------
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """int8 codes for x with a scale that broadcasts against x (round half to even, then clamp)."""
+    _check_float(x, "x")
+    m = qmax(bits)
+    return torch.clamp(torch.round(x.float() / scale.float()), -m, m).to(torch.int8)
+
+
+def fake_quantize(x: torch.Tensor, scale: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """x rounded to the quantization grid and back, in x's dtype (no gradient trick)."""
+    return (quantize(x, scale, bits).float() * scale.float()).to(x.dtype)
+
+
+def quantize_per_channel(w: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel quantization of a [N, K] weight: int8 codes [N, K], fp32 scales [N]."""
+    _check_float(w, "w")
+    if w.dim() != 2:
+        raise ValueError(f"w must be 2-D [out_features, in_features], got shape {tuple(w.shape)}")
+    scales = minmax_scale(w, bits, axis=0)
+    return quantize(w, scales[:, None], bits), scales
+
+
+def dequantize_per_channel(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32
+                           ) -> torch.Tensor:
+    if q.dtype != torch.int8:
+        raise TypeError(f"q must be int8 codes, got {q.dtype}")
+    if scales.dim() != 1 or scales.numel() != q.shape[0]:
+        raise ValueError(f"scales must be 1-D with {q.shape[0]} entries (one per row), got {tuple(scales.shape)}")
+    return (q.float() * scales.float()[:, None]).to(dtype)
+
+
+def quantize_per_group(w: torch.Tensor, group_size: int = 32, bits: int = 4
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric quantization with one scale per `group_size` consecutive inputs of each row:
+    int8 codes [N, K] (values within +-qmax(bits)), fp32 scales [N, K // group_size]."""
+    _check_float(w, "w")
+    if w.dim() != 2:
+        raise ValueError(f"w must be 2-D [out_features, in_features], got shape {tuple(w.shape)}")
+    n, k = w.shape
+    if group_size < 1 or k % group_size:
+        raise ValueError(f"in_features {k} is not a multiple of group_size {group_size}; "
+                         f"pick a group size that divides it (e.g. {math.gcd(k, 32) or 1})")
+    groups = w.reshape(n, k // group_size, group_size)
+    scales = minmax_scale(groups.flatten(0, 1), bits, axis=0).reshape(n, k // group_size)
+    return quantize(groups, scales[..., None], bits).reshape(n, k), scales
+
+
+def dequantize_per_group(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32
+                         ) -> torch.Tensor:
+    if q.dtype != torch.int8:
+        raise TypeError(f"q must be int8 codes, got {q.dtype}")
+    n, k = q.shape
+    if scales.dim() != 2 or scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
+        raise ValueError(f"scales must be [N, K // group_size] for codes {tuple(q.shape)}, got {tuple(scales.shape)}")
+    group_size = k // scales.shape[1]
+    out = q.reshape(n, -1, group_size).float() * scales.float()[..., None]
+    return out.reshape(n, k).to(dtype)
+
+
+# --- Calibrators: choose the scale -----------------------------------------------------------
+
+def minmax_scale(x: torch.Tensor, bits: int = 8, axis: int | None = None) -> torch.Tensor:
+    """scale = max|x| / qmax: nothing is clipped, but one outlier stretches the grid for everyone."""
+    _check_float(x, "x")
+    dims = _reduce_dims(x, axis)
+    if x.numel() == 0:   # an empty tensor has nothing to scale: any positive scale round-trips it
+        return torch.full(() if axis is None else (x.shape[axis],), 1.0 / qmax(bits))
+    return x.detach().float().abs().amax(dim=dims).clamp(min=1e-12) / qmax(bits)
+
+
+def percentile_scale(x: torch.Tensor, bits: int = 8, axis: int | None = None, percentile: float = 99.9
+                     ) -> torch.Tensor:
+    """scale from the given percentile of |x|: the few values above it are clipped."""
+    _check_float(x, "x")
+    if not 0 < percentile <= 100:
+        raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+    a = x.detach().float().abs()
+    a = a.reshape(1, -1) if axis is None else a.movedim(axis, 0).reshape(a.shape[axis], -1)
+    k = max(1, math.ceil(percentile / 100 * a.shape[1]))
+    value = a.kthvalue(k, dim=1).values          # kthvalue, unlike torch.quantile, has no size limit
+    return (value[0] if axis is None else value).clamp(min=1e-12) / qmax(bits)
+
+
+def mse_scale(x: torch.Tensor, bits: int = 8, axis: int | None = None, grid: int = 50) -> torch.Tensor:
+    """The scale (a fraction of the min-max one, searched on a grid) with the least squared error."""
+    base = minmax_scale(x, bits, axis)
+    xf = x.detach().float()
+    dims = _reduce_dims(x, axis)
+    best, best_err = base.clone(), torch.full_like(base, float("inf"))
+    for frac in torch.linspace(0.2, 1.0, grid):
+        scale = base * frac
+        err = (fake_quantize(xf, broadcast_scale(scale, x, axis), bits) - xf).pow(2).sum(dim=dims)
+        better = err < best_err
+        best = torch.where(better, scale, best)
+        best_err = torch.where(better, err, best_err)
+    return best
+
+
+def calibrate(x: torch.Tensor, method: str = "minmax", bits: int = 8, axis: int | None = None,
+              **options) -> torch.Tensor:
+    """A scale for x by `method` ("minmax", "percentile" or "mse"), per tensor or per channel (axis)."""
+    calibrators: dict[str, Callable[..., torch.Tensor]] = {
+        "minmax": minmax_scale, "percentile": percentile_scale, "mse": mse_scale}
+    if method not in calibrators:
+        raise ValueError(f"unknown calibration method {method!r}; use one of {CALIBRATORS}")
+    return calibrators[method](x, bits, axis, **options)
+
+
+def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio in dB (higher is better; each extra bit adds about 6 dB)."""
+    ref, err = reference.detach().double(), (approx.detach().double() - reference.detach().double())
+    noise = err.pow(2).sum().item()
+    return float("inf") if noise == 0 else 10 * math.log10(ref.pow(2).sum().item() / noise)
+
+
+# --- Fake quantization with a straight-through estimator (QAT) ------------------------------
+
+def fake_quant_ste(x: torch.Tensor, scale: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """Forward: x on the quantization grid. Backward: gradient 1 where round(x / scale) lies inside the
+    grid and 0 where it was clipped (the clipped straight-through estimator torch.fake_quantize_* use)."""
+    _check_float(x, "x")
+    m = qmax(bits)
+    scale = scale.detach()
+    codes = torch.round(x.detach().float() / scale.float())
+    inside = ((codes >= -m) & (codes <= m)).to(x.dtype)
+    return fake_quantize(x.detach(), scale, bits) + (x - x.detach()) * inside
+
+
+class FakeQuantLinear(nn.Linear):
+    """nn.Linear whose weight is fake-quantized per group in every forward (for QAT)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, bits: int = 4,
+                 group_size: int | None = 32):
+        super().__init__(in_features, out_features, bias)
+        qmax(bits)
+        group_size = group_size or in_features
+        if in_features % group_size:
+            raise ValueError(f"in_features {in_features} is not a multiple of group_size {group_size}")
+        self.bits, self.group_size = bits, group_size
+
+    def quantized_weight(self) -> torch.Tensor:
+        n, k = self.weight.shape
+        groups = self.weight.reshape(n, k // self.group_size, self.group_size)
+        scale = minmax_scale(groups.flatten(0, 1), self.bits, axis=0).reshape(n, -1, 1)
+        return fake_quant_ste(groups, scale, self.bits).reshape(n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.quantized_weight(), self.bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, bits: int = 4, group_size: int | None = 32) -> "FakeQuantLinear":
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, bits, group_size)
+        layer.load_state_dict(linear.state_dict())
+        return layer
+
+
+def swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """Replace every nn.Linear in model (in place) by make(linear); returns the model."""
+    for name, child in model.named_children():
+        if type(child) is nn.Linear:
+            setattr(model, name, make(child))
+        else:
+            swap_linears(child, make)
+    return model
+
+
+def quantize_model_per_group(model: nn.Module, bits: int = 4, group_size: int | None = 32) -> nn.Module:
+    """Post-training quantization (in place): every nn.Linear's weight rounded per group (group_size None:
+    one group per row, i.e. per channel), stored back as float."""
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module) is nn.Linear:
+                q, s = quantize_per_group(module.weight, group_size or module.in_features, bits)
+                module.weight.copy_(dequantize_per_group(q, s, module.weight.dtype))
+    return model
+
+
+# --- The int8 weight-only linear -------------------------------------------------------------
+
+def int8_weight_only_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """torch._weight_int8pack_mm(x [M, K], q int8 [N, K], scales [N]) with its preconditions checked
+    first, so a mistake raises a clear error instead of "expected scalar type ..." or a crash."""
+    if x.dim() != 2 or q.dim() != 2 or q.dtype != torch.int8:
+        raise TypeError(f"need x [M, K] and int8 q [N, K]; got x {tuple(x.shape)}, q {q.dtype} {tuple(q.shape)}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
+    if scales.dtype != x.dtype:
+        raise TypeError(f"scales are {scales.dtype} but x is {x.dtype}: the kernel needs them equal; "
+                        f"pass scales.to(x.dtype)")
+    if x.dtype == torch.bfloat16 and q.shape[1] % BF16_K_MULTIPLE:
+        raise ValueError(f"K = {q.shape[1]} is not a multiple of {BF16_K_MULTIPLE}: the CPU kernel with bf16 "
+                         f"activations crashed the process for such sizes here; pad K or use fp32")
+    return torch._weight_int8pack_mm(x.contiguous(), q, scales)
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """y = x @ (q * scales).T + bias with int8 weights stored, through one of INT8_PATHS:
+
+    - "int8pack_bf16": torch._weight_int8pack_mm with the activations cast to bf16 (the fast path);
+    - "int8pack_fp32": the same kernel fed fp32 activations (correct, but a slow kernel on CPU);
+    - "dequant": dequantize to the activation dtype, then F.linear (runs anywhere, reads 4 bytes/weight).
+    The output has the input's dtype whatever the path.
+    """
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 path: str = "int8pack_bf16"):
+        super().__init__()
+        if q.dtype != torch.int8 or q.dim() != 2:
+            raise TypeError(f"q must be a 2-D int8 tensor [N, K], got {q.dtype} {tuple(q.shape)}")
+        if scales.shape != (q.shape[0],):
+            raise ValueError(f"scales must have shape ({q.shape[0]},), got {tuple(scales.shape)}")
+        self.register_buffer("q", q.contiguous())
+        self.register_buffer("scales", scales.float())
+        self.register_buffer("scales_bf16", scales.to(torch.bfloat16))
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.path = path
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @path.setter
+    def path(self, value: str) -> None:
+        if value not in INT8_PATHS:
+            raise ValueError(f"unknown path {value!r}; use one of {INT8_PATHS}")
+        if value == "int8pack_bf16" and self.q.shape[1] % BF16_K_MULTIPLE:
+            raise ValueError(f"in_features {self.q.shape[1]} is not a multiple of {BF16_K_MULTIPLE}: the CPU "
+                             f"kernel with bf16 activations crashed the process for such sizes here; "
+                             f"use path='dequant' (or pad the weight)")
+        self._path = value
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, path: str = "auto") -> "Int8WeightOnlyLinear":
+        """path "auto": int8pack_bf16 when in_features allows it, else dequant."""
+        q, scales = quantize_per_channel(linear.weight.detach())
+        if path == "auto":
+            path = "int8pack_bf16" if linear.in_features % BF16_K_MULTIPLE == 0 else "dequant"
+        return cls(q, scales, linear.bias, path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.q.shape[1]
+        if x.shape[-1] != k:
+            raise ValueError(f"input's last dimension is {x.shape[-1]}, this layer takes {k}")
+        x2 = x.reshape(-1, k)
+        if self._path == "int8pack_bf16":
+            y = int8_weight_only_mm(x2.to(torch.bfloat16), self.q, self.scales_bf16)
+        elif self._path == "int8pack_fp32":
+            y = int8_weight_only_mm(x2.float(), self.q, self.scales)
+        else:
+            y = F.linear(x2, dequantize_per_channel(self.q, self.scales, x.dtype))
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.q.shape[0])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.q.shape[1]}, out_features={self.q.shape[0]}, path={self._path!r}"
+
+
+def choose_fastest_path(layer: Int8WeightOnlyLinear, example: torch.Tensor, paths=INT8_PATHS,
+                        rtol: float = 2e-2, repeats: int = 3) -> dict:
+    """Run every path on `example`, keep those within rtol (relative to the output's norm) of the
+    dequantized fp32 reference, time them side by side and set layer.path to the fastest.
+    Returns {"path": chosen, "errors": {path: relative error, or why it could not run},
+    "times_s": {path: median}}."""
+    with torch.no_grad():
+        reference = F.linear(example.float(), dequantize_per_channel(layer.q, layer.scales))
+        if layer.bias is not None:
+            reference = reference + layer.bias.float()
+        errors, correct = {}, {}
+        for path in paths:
+            try:
+                layer.path = path
+                out = layer(example).float()
+            except (ValueError, RuntimeError, NotImplementedError) as exc:   # not available for this layer/device
+                errors[path] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                continue
+            errors[path] = ((out - reference).norm() / reference.norm().clamp(min=1e-12)).item()
+            if errors[path] <= rtol:
+                correct[path] = (lambda p=path: (setattr(layer, "path", p), layer(example)))
+        if not correct:
+            raise RuntimeError(f"no path matched the reference within rtol={rtol}: errors {errors}")
+        timing = bench.compare(correct, repeats=repeats, min_run_time=0.02, warmup=1, device=example.device)
+    times = {p: r["median_s"] for p, r in timing["results"].items()}
+    layer.path = min(times, key=times.get)
+    return {"path": layer.path, "errors": errors, "times_s": times}
+
+
+# --- FP8 -------------------------------------------------------------------------------------
+
+def to_fp8(x: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """float8_e4m3fn values and fp32 scales: one scale (tensor-wise) or one per row ([M, 1])."""
+    _check_float(x, "x")
+    amax = x.detach().float().abs().amax(dim=1, keepdim=True) if rowwise else x.detach().float().abs().amax()
+    scale = amax.clamp(min=1e-12) / torch.finfo(FP8).max
+    return (x.float() / scale).to(FP8), scale
+
+
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, rowwise: bool = True,
+               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """x [M, K] @ w[N, K].T with both operands in FP8 via torch._scaled_mm (w transposed to column-major)."""
+    xq, sx = to_fp8(x, rowwise)
+    wq, sw = to_fp8(w, rowwise)
+    return fp8_matmul(xq, sx, wq, sw, out_dtype)
+
+
+def fp8_matmul(xq, sx, wq, sw, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """torch._scaled_mm on pre-quantized operands; sw is [N, 1] for row-wise, passed as [1, N]."""
+    return torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw.t() if sw.dim() else sw, out_dtype=out_dtype)
+
+
+# --- Lab check -------------------------------------------------------------------------------
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of parameters and buffers (what a batch-1 forward has to read)."""
+    tensors = list(model.parameters()) + [b for b in model.buffers() if b is not None]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+    with torch.no_grad():
+        return (model(inputs).argmax(-1) == labels).float().mean().item()
+
+
+def check_deployment(quantized: nn.Module, reference: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                     *, max_drop: float = 0.01, min_speedup: float | None = 2.0, what: str) -> dict:
+    """The quantized model keeps accuracy within max_drop of the reference and is min_speedup times
+    faster at batch 1 (None: report the speed without a target). Returns what was measured."""
+    acc_ref, acc_q = accuracy(reference, inputs, labels), accuracy(quantized, inputs, labels)
+    size_ref, size_q = model_bytes(reference), model_bytes(quantized)
+    print(f"accuracy {acc_q:.4f} (fp32 {acc_ref:.4f}) · size {size_q / 2**20:.2f} MiB (fp32 {size_ref / 2**20:.2f} MiB)")
+    if acc_ref - acc_q > max_drop:
+        fail(what, f"accuracy dropped by {acc_ref - acc_q:.4f}, the budget is {max_drop}",
+             "use a finer scale granularity (per channel or per group instead of per tensor), or more bits")
+    one = inputs[:1]
+    with torch.no_grad():
+        timing = bench.compare({"fp32": lambda: reference(one), "quantized": lambda: quantized(one)},
+                               baseline="fp32", repeats=5, min_run_time=0.05)
+    speedup = timing["results"]["quantized"]["ratio_to_baseline"]
+    print(f"batch-1 speed-up: {speedup:.2f}x" + (f" (target {min_speedup:.1f}x)" if min_speedup else " (no target in quick mode)"))
+    if min_speedup is not None and speedup < min_speedup:
+        fail(what, f"{speedup:.2f}x faster than fp32 at batch 1, the target is {min_speedup}x",
+             "feed the int8 kernel bf16 activations (fp32 activations take a slow path); check that every "
+             "large Linear was swapped; on a machine busy with other work, time at torch.set_num_threads(1)")
+    passed(what)
+    return {"accuracy": acc_q, "reference_accuracy": acc_ref, "bytes": size_q, "reference_bytes": size_ref,
+            "speedup": speedup}
+
+
+# --- Benchmark -------------------------------------------------------------------------------
+
+def benchmark(quick: bool = False) -> dict:
+    """`python -m helpers bench quant`: latency and % of measured read bandwidth at M=1 for every
+    variant, timed in one run per thread count (1 and all). Full mode: 4096x4096, with the weights of
+    several distinct layers cycled so they come from memory, not from the cache (as in a model's forward)."""
+    n = k = 1024 if quick else 4096
+    layers = 2 if quick else 8
+    torch.manual_seed(0)
+    linears = [nn.Linear(k, n, bias=False) for _ in range(layers)]
+    x = torch.randn(1, k)
+    weights = [lin.weight.detach() for lin in linears]
+    weights_bf16 = [w.bfloat16() for w in weights]
+    int8 = [Int8WeightOnlyLinear.from_linear(lin) for lin in linears]
+    int8_fp32 = [Int8WeightOnlyLinear.from_linear(lin, path="int8pack_fp32") for lin in linears]
+    fp8 = [to_fp8(w, rowwise=True) for w in weights]
+    x8, sx8 = to_fp8(x, rowwise=True)
+    xb = x.bfloat16()
+    step = {"i": 0}
+
+    def cycled(call):
+        def run():
+            step["i"] = (step["i"] + 1) % layers
+            return call(step["i"])
+        return run
+
+    candidates = {
+        "fp32 F.linear": (cycled(lambda i: F.linear(x, weights[i])), 4),
+        "bf16 F.linear": (cycled(lambda i: F.linear(xb, weights_bf16[i])), 2),
+        "int8 wo, bf16 activations": (cycled(lambda i: int8[i](x)), 1),
+        "int8 wo, fp32 activations": (cycled(lambda i: int8_fp32[i](x)), 1),
+        "fp8 _scaled_mm row-wise": (cycled(lambda i: fp8_matmul(x8, sx8, *fp8[i])), 1),
+    }
+    runs = {}
+    for threads in sorted({1, torch.get_num_threads()}):
+        with torch.no_grad():
+            result = bench.compare({name: fn for name, (fn, _) in candidates.items()}, baseline="fp32 F.linear",
+                                   repeats=3 if quick else 5, min_run_time=0.05 if quick else 0.2, threads=threads)
+        limits = bench.measure_limits(threads=threads, quick=True) if quick else bench.machine_limits(threads=threads)
+        for name, (_, bytes_per_weight) in candidates.items():
+            entry = result["results"][name]
+            entry["weight_bytes"] = bytes_per_weight * n * k
+            entry["read_gbs"] = entry["weight_bytes"] / entry["median_s"] / 1e9
+            entry["percent_of_read_bandwidth"] = bench.percent_of_limit(entry["read_gbs"],
+                                                                        limits["read_bandwidth_gbs"])
+        result["read_bandwidth_gbs"] = limits["read_bandwidth_gbs"]
+        runs[str(threads)] = result
+    return {"shape": {"M": 1, "N": n, "K": k}, "layers_cycled": layers, "quick": quick, "by_threads": runs}

@@ -1,0 +1,262 @@
+"""helpers.quant against PyTorch references: round trips, calibrators, STE gradients, int8 linear, FP8."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers import quant
+from helpers.checks import CheckFailed
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# --- quantize / dequantize ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (64, 128)])
+def test_per_channel_round_trip_within_half_a_step(bits, shape):
+    w = torch.randn(shape)
+    q, scales = quant.quantize_per_channel(w, bits)
+    assert q.dtype == torch.int8 and scales.dtype == torch.float32 and scales.shape == (shape[0],)
+    assert q.abs().max() <= quant.qmax(bits)
+    assert (q.abs().amax(1) == quant.qmax(bits)).all(), "min-max scale puts each row's max on the grid's end"
+    err = (quant.dequantize_per_channel(q, scales) - w).abs()
+    assert (err <= scales[:, None] / 2 + 1e-6).all()
+
+
+def test_per_channel_matches_torch_quantize_per_channel():
+    w = torch.randn(33, 65)
+    q, scales = quant.quantize_per_channel(w)
+    ref = torch.quantize_per_channel(w, scales.double(), torch.zeros(33, dtype=torch.long), 0, torch.qint8)
+    assert torch.equal(q, ref.int_repr())
+
+
+def test_zero_and_empty_weights_round_trip():
+    w = torch.zeros(3, 8)
+    q, s = quant.quantize_per_channel(w)
+    assert torch.equal(quant.dequantize_per_channel(q, s), w) and torch.isfinite(s).all()
+    q, s = quant.quantize_per_channel(torch.empty(0, 8))
+    assert q.shape == (0, 8) and s.shape == (0,)
+
+
+@pytest.mark.parametrize("group_size", [8, 16, 48])
+def test_per_group_round_trip_and_finer_than_per_channel(group_size):
+    w = torch.randn(16, 96) * torch.logspace(-2, 0, 96)      # magnitudes vary along the row
+    q, scales = quant.quantize_per_group(w, group_size, bits=4)
+    assert scales.shape == (16, 96 // group_size) and q.abs().max() <= 7
+    w_hat = quant.dequantize_per_group(q, scales, torch.bfloat16)
+    assert w_hat.dtype == torch.bfloat16
+    step = scales.repeat_interleave(group_size, dim=1)
+    assert ((w_hat.float() - w).abs() <= step / 2 + 1e-2 * w.abs() + 1e-6).all()
+    qc, sc = quant.quantize_per_channel(w, bits=4)
+    assert quant.sqnr_db(w, w_hat.float()) > quant.sqnr_db(w, quant.dequantize_per_channel(qc, sc))
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="bits must be an int from 2 to 8"):
+        quant.quantize_per_channel(torch.randn(4, 4), bits=9)
+    with pytest.raises(TypeError, match="floating-point"):
+        quant.quantize_per_channel(torch.ones(4, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="not a multiple of group_size"):
+        quant.quantize_per_group(torch.randn(4, 40), group_size=32)
+    with pytest.raises(ValueError, match="2-D"):
+        quant.quantize_per_channel(torch.randn(4))
+    with pytest.raises(TypeError, match="int8 codes"):
+        quant.dequantize_per_channel(torch.ones(2, 2), torch.ones(2))
+    with pytest.raises(ValueError, match="one per row"):
+        quant.dequantize_per_channel(torch.ones(2, 2, dtype=torch.int8), torch.ones(3))
+    with pytest.raises(ValueError, match=r"K // group_size"):
+        quant.dequantize_per_group(torch.ones(2, 6, dtype=torch.int8), torch.ones(2, 4))
+
+
+# --- calibrators -----------------------------------------------------------------------------
+
+def _with_outliers(rows=32, cols=256):
+    x = torch.randn(rows, cols)
+    x[0, 0] = 60.0            # one outlier in row 0
+    x[1] *= 20                # one row much larger than the others
+    return x
+
+
+def test_calibrators_on_outliers():
+    x = _with_outliers()
+    errors = {}
+    for method in quant.CALIBRATORS:
+        for axis in (None, 0):
+            scale = quant.calibrate(x, method, bits=8, axis=axis)
+            assert scale.shape == (() if axis is None else (32,))
+            errors[method, axis] = quant.sqnr_db(x, quant.fake_quantize(x, quant.broadcast_scale(scale, x, axis)))
+    assert quant.calibrate(x, "percentile", percentile=99.0) < quant.calibrate(x, "minmax")
+    for method in quant.CALIBRATORS:
+        assert errors[method, 0] > errors[method, None], "per channel beats per tensor here"
+    assert errors["mse", None] >= errors["minmax", None] - 1e-6, "MSE search includes the min-max scale"
+
+
+def test_calibrator_errors():
+    with pytest.raises(ValueError, match="unknown calibration method"):
+        quant.calibrate(torch.randn(4), "entropy")
+    with pytest.raises(ValueError, match="percentile must be"):
+        quant.calibrate(torch.randn(4), "percentile", percentile=0)
+    with pytest.raises(ValueError, match="out of range"):
+        quant.calibrate(torch.randn(4, 4), axis=2)
+
+
+# --- fake quantization and the straight-through estimator -----------------------------------
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_fake_quant_ste_matches_torch_per_tensor(bits):
+    x = (torch.randn(300) * 3).requires_grad_()
+    scale = torch.tensor(0.05 if bits == 8 else 0.3)
+    m = quant.qmax(bits)
+    ours = quant.fake_quant_ste(x, scale, bits)
+    x_ref = x.detach().clone().requires_grad_()
+    ref = torch.fake_quantize_per_tensor_affine(x_ref, scale.item(), 0, -m, m)
+    assert torch.allclose(ours, ref)
+    g = torch.randn(300)
+    ours.backward(g)
+    ref.backward(g)
+    assert torch.equal(x.grad, x_ref.grad)
+    clipped = torch.round(x.detach() / scale).abs() > m
+    assert clipped.any() and (x.grad[clipped] == 0).all() and torch.equal(x.grad[~clipped], g[~clipped])
+
+
+def test_fake_quant_ste_matches_torch_per_channel():
+    w = torch.randn(6, 20, requires_grad=True)
+    scale = quant.minmax_scale(w, 4, axis=0) * 0.7          # some values clipped
+    ours = quant.fake_quant_ste(w, scale[:, None], 4)
+    w_ref = w.detach().clone().requires_grad_()
+    ref = torch.fake_quantize_per_channel_affine(w_ref, scale, torch.zeros(6, dtype=torch.int32), 0, -7, 7)
+    assert torch.allclose(ours, ref)
+    ours.sum().backward()
+    ref.sum().backward()
+    assert torch.equal(w.grad, w_ref.grad)
+
+
+def test_fake_quant_linear_trains_and_ptq_matches_it():
+    lin = nn.Linear(64, 8)
+    fq = quant.FakeQuantLinear.from_linear(lin, bits=4, group_size=32)
+    x = torch.randn(5, 64)
+    fq(x).pow(2).sum().backward()
+    assert fq.weight.grad is not None and fq.weight.grad.abs().sum() > 0
+    ptq = quant.quantize_model_per_group(nn.Sequential(nn.Linear(64, 8)), bits=4, group_size=32)
+    ptq[0].load_state_dict(lin.state_dict())
+    quant.quantize_model_per_group(ptq, bits=4, group_size=32)
+    assert torch.allclose(ptq(x), fq(x), atol=1e-5)
+    with pytest.raises(ValueError, match="group_size"):
+        quant.FakeQuantLinear(40, 8, group_size=32)
+
+
+# --- int8 weight-only linear -----------------------------------------------------------------
+
+@pytest.mark.parametrize("path,rtol", [("int8pack_bf16", 1e-2), ("int8pack_fp32", 1e-5), ("dequant", 1e-5)])
+@pytest.mark.parametrize("m,k,n", [(1, 64, 48), (3, 128, 17), (0, 32, 8)])
+def test_int8_linear_matches_dequantized_reference(path, rtol, m, k, n):
+    lin = nn.Linear(k, n)
+    layer = quant.Int8WeightOnlyLinear.from_linear(lin, path=path)
+    x = torch.randn(2, m, k)
+    ref = F.linear(x, quant.dequantize_per_channel(layer.q, layer.scales), lin.bias)
+    with torch.no_grad():
+        out = layer(x)
+    assert out.shape == (2, m, n) and out.dtype == torch.float32
+    if m:
+        assert ((out - ref).norm() / ref.norm()).item() < rtol
+
+
+def test_int8_linear_close_to_float_linear_and_keeps_input_dtype():
+    lin = nn.Linear(256, 64)
+    layer = quant.Int8WeightOnlyLinear.from_linear(lin)
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        assert ((layer(x) - lin(x)).norm() / lin(x).norm()).item() < 2e-2
+        assert layer(x.bfloat16()).dtype == torch.bfloat16
+    assert layer.path == "int8pack_bf16" and layer.q.dtype == torch.int8
+
+
+def test_int8_linear_refuses_bf16_kernel_for_k_not_multiple_of_8():
+    lin = nn.Linear(33, 8)
+    assert quant.Int8WeightOnlyLinear.from_linear(lin).path == "dequant"
+    with pytest.raises(ValueError, match="not a multiple of 8"):
+        quant.Int8WeightOnlyLinear.from_linear(lin, path="int8pack_bf16")
+    with pytest.raises(ValueError, match="unknown path"):
+        quant.Int8WeightOnlyLinear.from_linear(nn.Linear(8, 8), path="fast")
+
+
+def test_int8_kernel_scales_dtype_must_match_activations():
+    """The trap the helper hides: the kernel wants scales in the activations' dtype."""
+    q = torch.randint(-127, 128, (16, 64), dtype=torch.int8)
+    xb = torch.randn(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="expected scalar type BFloat16 but found Float"):
+        torch._weight_int8pack_mm(xb, q, torch.ones(16))          # torch's own message names no argument
+    with pytest.raises(TypeError, match=r"pass scales.to\(x.dtype\)"):
+        quant.int8_weight_only_mm(xb, q, torch.ones(16))
+    with pytest.raises(TypeError, match="int8 q"):
+        quant.int8_weight_only_mm(xb, q.float(), torch.ones(16))
+    with pytest.raises(ValueError, match="not a multiple of 8"):
+        quant.int8_weight_only_mm(torch.randn(2, 36, dtype=torch.bfloat16), q[:, :36], torch.ones(16).bfloat16())
+    out = quant.int8_weight_only_mm(xb, q, torch.ones(16, dtype=torch.bfloat16))
+    assert torch.allclose(out.float(), xb.float() @ q.float().t(), rtol=1e-2, atol=0.5)
+    with pytest.raises(TypeError, match="2-D int8"):
+        quant.Int8WeightOnlyLinear(q.float(), torch.ones(16))
+    with pytest.raises(ValueError, match="scales must have shape"):
+        quant.Int8WeightOnlyLinear(q, torch.ones(8))
+    layer = quant.Int8WeightOnlyLinear(q, torch.ones(16))
+    with pytest.raises(ValueError, match="this layer takes 64"):
+        layer(torch.randn(2, 32))
+
+
+def test_choose_fastest_path_picks_a_correct_path():
+    layer = quant.Int8WeightOnlyLinear.from_linear(nn.Linear(128, 64))
+    report = quant.choose_fastest_path(layer, torch.randn(1, 128), repeats=1)
+    assert report["path"] == layer.path and report["path"] in quant.INT8_PATHS
+    assert all(isinstance(e, float) and e < 2e-2 for e in report["errors"].values())
+    odd = quant.Int8WeightOnlyLinear.from_linear(nn.Linear(33, 8))
+    report = quant.choose_fastest_path(odd, torch.randn(1, 33), repeats=1)
+    assert "not a multiple of 8" in report["errors"]["int8pack_bf16"] and report["path"] != "int8pack_bf16"
+
+
+def test_swap_linears_replaces_nested_layers():
+    model = nn.Sequential(nn.Linear(16, 16), nn.Sequential(nn.ReLU(), nn.Linear(16, 4)))
+    quant.swap_linears(model, quant.Int8WeightOnlyLinear.from_linear)
+    assert [type(m).__name__ for m in model.modules()].count("Int8WeightOnlyLinear") == 2
+    assert quant.model_bytes(model) < 16 * 16 * 4
+
+
+# --- FP8 -------------------------------------------------------------------------------------
+
+def test_fp8_tensorwise_and_rowwise_close_to_fp32():
+    x = torch.randn(16, 64)
+    w = torch.randn(32, 64) * torch.logspace(-6, 0, 32)[:, None]     # beyond e4m3's exponent range
+    ref = x @ w.t()
+    rel = {}
+    for rowwise in (False, True):
+        out = quant.fp8_linear(x, w, rowwise=rowwise)
+        assert out.dtype == torch.bfloat16 and out.shape == (16, 32)
+        rel[rowwise] = ((out.float() - ref).norm(dim=0) / ref.norm(dim=0)).max().item()
+    assert rel[True] < 0.1
+    assert rel[False] > 2 * rel[True], "row-wise scales keep the smallest rows from underflowing"
+
+
+# --- lab check and benchmark -----------------------------------------------------------------
+
+def test_check_deployment_fails_with_a_hint_on_accuracy():
+    model = nn.Sequential(nn.Linear(16, 4))
+    x = torch.randn(200, 16)
+    labels = model(x).argmax(-1)
+    broken = nn.Sequential(nn.Linear(16, 4))
+    with pytest.raises(CheckFailed, match="granularity"):
+        quant.check_deployment(broken, model, x, labels, min_speedup=None, what="t")
+    out = quant.check_deployment(model, model, x, labels, min_speedup=None, what="t")
+    assert out["accuracy"] == out["reference_accuracy"] == 1.0
+
+
+def test_benchmark_quick_reports_every_variant():
+    result = quant.benchmark(quick=True)
+    assert result["shape"] == {"M": 1, "N": 1024, "K": 1024}
+    assert "1" in result["by_threads"]
+    for run in result["by_threads"].values():
+        assert len(run["results"]) == 5 and run["read_bandwidth_gbs"] > 0
+        for entry in run["results"].values():
+            assert entry["median_s"] > 0 and entry["percent_of_read_bandwidth"] > 0
