@@ -24,6 +24,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import nbformat
 import torch
 
 from helpers.checks import CheckFailed, check_close, check_equal
@@ -92,7 +93,12 @@ def run_submission(notebook: Path, spec: LabSpec, inputs_file: Path, protected: 
         copy = work / "submission.ipynb"
         copy.write_bytes(notebook.read_bytes())
         remaining = [e.function for e in spec.exercises]
-        faults, stops, skip, notes = {}, [], [], []
+        faults, stops, skip, notes, results = {}, [], [], [], {}
+        try:
+            nbformat.validate(nbformat.read(str(copy), as_version=4))
+        except Exception as exc:   # not JSON, not a notebook: nothing to run
+            faults = {name: f"the submission is not a valid notebook ({type(exc).__name__})" for name in remaining}
+            stops, remaining = ["malformed notebook"], []
         for _attempt in range(len(remaining) + MAX_SKIPPED_CELLS + 1):
             if not remaining:
                 break
