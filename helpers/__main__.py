@@ -41,6 +41,9 @@ def cmd_run(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: what finished is in {out / 'record.json'}; add --resume to go on", file=sys.stderr)
+        return 130
     for rec in summary["notebooks"]:
         ran = sum(s["ran"] for s in rec["sections"])
         peak = f"{rec['peak_rss_mb']:>5.0f} MB" if rec.get("peak_rss_mb") is not None else "    ? MB"

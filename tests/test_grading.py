@@ -92,7 +92,7 @@ def graded(tmp_path_factory):
     (subs / "malformed").mkdir()
     (subs / "malformed" / "lab.ipynb").write_text("{ not a notebook")
     out = tmp_path_factory.mktemp("graded")
-    result = grade_submissions("00_warmup_lab", subs, out_dir=out, workers=2, time_limit=20, cell_timeout=4,
+    result = grade_submissions("00_warmup_lab", subs, out_dir=out, workers=2, time_limit=15, cell_timeout=4,
                                call_timeout=2, seed=1234)
     return result, out
 

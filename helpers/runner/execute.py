@@ -18,7 +18,7 @@ from pathlib import Path
 
 from helpers.device import capabilities, skip_reason
 from helpers.manifest import REPO, entries
-from helpers.runner.job import execute_job, make_job
+from helpers.runner.job import execute_job, make_job, stop_all
 
 NOTEBOOK_BUDGET_GB = 1.5      # a quick-mode notebook's memory budget (the Binder limit)
 
@@ -110,10 +110,13 @@ def run_notebook(path: str, out_dir: str, parameters: dict, cell_timeout: float,
 
 
 def _local(jobs: list[dict], workers: int):
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="worker") as pool:
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="worker")
+    try:
         futures = {pool.submit(execute_job, job): job for job in jobs}
         for future in as_completed(futures):
             yield futures[future], future
+    finally:   # on Ctrl-C, notebooks not started yet never start
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _dask(jobs: list[dict], scheduler: str):
@@ -197,16 +200,22 @@ def run_collection(paths: list[str] | None = None, *, out_dir: str | Path, param
 
     work = _local(jobs, workers) if executor == "local" else _dask(jobs, scheduler)
     with tqdm(total=len(keys), initial=len(kept), desc="notebooks", unit="nb", disable=not progress) as bar:
-        for job, future in work:
-            try:
-                done = future.result()
-            except Exception as exc:   # the worker itself failed; the other notebooks go on
-                done = _failed_job(job, exc)
-            record = _finish(done, out_dir, declared)
-            records[record["path"]] = record
-            save(complete=False)
-            bar.set_postfix_str(f"{Path(record['path']).name}: {record['fault'] or 'passed'}")
-            bar.update()
+        try:
+            for job, future in work:
+                try:
+                    done = future.result()
+                except Exception as exc:   # the worker itself failed; the other notebooks go on
+                    done = _failed_job(job, exc)
+                record = _finish(done, out_dir, declared)
+                records[record["path"]] = record
+                save(complete=False)
+                bar.set_postfix_str(f"{Path(record['path']).name}: {record['fault'] or 'passed'}")
+                bar.update()
+        except KeyboardInterrupt:   # keep what finished (record.json says complete: false); --resume goes on
+            stop_all()
+            work.close()
+            write_report(save(complete=False), out_dir)
+            raise
     summary = save(complete=True)
     write_report(summary, out_dir)
     return summary

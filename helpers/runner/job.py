@@ -30,6 +30,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent.parent
 SECTION_LOG_ENV = "LABS_SECTION_LOG"    # the same name as helpers.device.SECTION_LOG_ENV (no torch here)
 POLL_SECONDS = 0.1
+_LIVE: set[int] = set()       # driver pids of the jobs running in this process, for stop_all()
 OOM_WORDS = ("can't allocate memory", "out of memory", "cannot allocate memory")
 
 
@@ -68,6 +69,16 @@ def _kill(procs: list[psutil.Process]) -> None:
     for p in procs:
         try:
             p.kill()
+        except psutil.Error:
+            pass
+
+
+def stop_all() -> None:
+    """Kill every notebook this process is running (their drivers and kernels): on Ctrl-C."""
+    for pid in list(_LIVE):
+        try:
+            proc = psutil.Process(pid)
+            _kill(_tree(proc) + [proc])
         except psutil.Error:
             pass
 
@@ -175,6 +186,7 @@ def execute_job(job: dict) -> dict:
                 driver = subprocess.Popen([sys.executable, "-m", "helpers.runner.drive", str(workdir / "job.json")],
                                           cwd=str(REPO), env=env, stdout=subprocess.DEVNULL, stderr=driver_log,
                                           start_new_session=True)
+            _LIVE.add(driver.pid)
             stopped, peak, proc, seen = None, 0.0, psutil.Process(driver.pid), {}
             deadline = started + job["notebook_timeout"]
             while driver.poll() is None:
@@ -192,6 +204,7 @@ def execute_job(job: dict) -> dict:
                     break
                 time.sleep(POLL_SECONDS)
             _kill(list(seen.values()))   # a kernel left behind by a killed driver
+            _LIVE.discard(driver.pid)
             result = {}
             if (workdir / "result.json").exists():
                 result = json.loads((workdir / "result.json").read_text())

@@ -35,7 +35,7 @@ def timeline(summary: dict):
 
 def _sections(record: dict) -> str:
     if not record["sections"]:
-        return "none declared" if not record.get("problems") else ""
+        return "none recorded" if not record.get("problems") else ""
     items = []
     for s in record["sections"]:
         what = "ran" if s["ran"] else f"skipped: {html.escape(str(s.get('reason') or ''))}"
