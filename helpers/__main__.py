@@ -67,7 +67,7 @@ def cmd_grade(args) -> int:
     try:
         result = grade_submissions(args.lab, args.submissions, out_dir=args.out, workers=args.workers,
                                    time_limit=args.time_limit, memory_limit_mb=args.memory_limit,
-                                   progress=args.progress)
+                                   seed=args.seed, progress=args.progress)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--time-limit", type=float, default=120, help="seconds per submission (default 120)")
     grade.add_argument("--memory-limit", type=float, default=2048, metavar="MB",
                        help="memory per submission (default 2048)")
+    grade.add_argument("--seed", type=int, default=None,
+                       help="seed of the grader's inputs (default: a fresh secret one per run)")
     grade.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
     bench = sub.add_parser("bench", help="run a module's benchmark and write JSON")
     bench.add_argument("name", help="a helpers module with benchmark(quick=...), e.g. bench, data, moe, quant")

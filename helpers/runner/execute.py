@@ -179,6 +179,8 @@ def run_collection(paths: list[str] | None = None, *, out_dir: str | Path, param
         jobs.append(make_job(key, source, parameters, cell_timeout=cell_timeout,
                              notebook_timeout=notebook_timeout, memory_limit_mb=memory_limit_mb))
 
+    # longest first (the manifest's quick_seconds), so the slowest notebook does not start last
+    jobs.sort(key=lambda job: -items.get(job["path"], {}).get("quick_seconds", 0))
     start = time.time()
     records = dict(kept)
     summary = {"parameters": parameters, "executor": executor, "scheduler": scheduler, "workers": workers,

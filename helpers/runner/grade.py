@@ -28,6 +28,7 @@ import nbformat
 import torch
 
 from helpers.checks import CheckFailed, check_close, check_equal
+from helpers.device import capabilities
 from helpers.runner.grading_specs import Case, Exercise, LabSpec, spec_for
 from helpers.runner.job import REPO, _kill, _rss_mb, _tree
 
@@ -54,9 +55,10 @@ def find_submissions(folder: str | Path) -> dict[str, Path]:
 
 def _run_sandbox(job: dict, time_limit: float, memory_limit_mb: float) -> str | None:
     """Run the sandbox once; returns why it stopped early ("timeout", "memory", "exit N") or None."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"])}
     with open(Path(job["workdir"]) / "sandbox.log", "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "helpers.runner.sandbox", job["path"]], cwd=job["workdir"],
-                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     import psutil
     watched, deadline, stopped = psutil.Process(proc.pid), time.time() + time_limit, None
     while proc.poll() is None:
@@ -86,7 +88,8 @@ STOP_TEXT = {"timeout": "ran past the time limit and was stopped",
 
 
 def run_submission(notebook: Path, spec: LabSpec, inputs_file: Path, protected: list[Path], *,
-                   time_limit: float, memory_limit_mb: float, cell_timeout: float, call_timeout: float) -> dict:
+                   time_limit: float, memory_limit_mb: float, cell_timeout: float, call_timeout: float,
+                   threads: int = 1) -> dict:
     """Returns {"results": {function: {...}}, "faults": {function: text}, "flags": [...], ...}."""
     with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
         work = Path(tmp)
@@ -104,7 +107,9 @@ def run_submission(notebook: Path, spec: LabSpec, inputs_file: Path, protected: 
                 break
             job = {"skip_cells": skip, "workdir": str(work), "notebook": str(copy), "inputs": str(inputs_file),
                    "exercises": remaining, "protected": [str(p) for p in protected],
-                   "memory_limit_mb": memory_limit_mb, "cpu_seconds": time_limit,
+                   "memory_limit_mb": memory_limit_mb, "cpu_seconds": time_limit * threads + 5,
+                   "address_space_limit_mb": memory_limit_mb if capabilities().accelerator == "cpu" else None,
+                   "allow_processes": spec.allow_processes, "threads": threads,
                    "cell_timeout": cell_timeout, "call_timeout": call_timeout, "path": str(work / "job.json")}
             Path(job["path"]).write_text(json.dumps(job))
             stopped = _run_sandbox(job, time_limit, memory_limit_mb)
@@ -249,6 +254,8 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
     expected = {ex.function: [None if c.raises else ex.reference(*c.args, **c.kwargs) for c in cases[ex.function]]
                 for ex in spec.exercises}
     protected = PROTECTED + [Path(submissions).resolve(), out.resolve()]
+    workers = workers or default_workers()
+    threads = max(1, capabilities().cpu_count // workers)
     with tempfile.TemporaryDirectory(prefix="labs-grade-inputs-") as tmp:
         inputs_file = Path(tmp) / "inputs.pt"
         torch.save({name: [{"args": list(c.args), "kwargs": dict(c.kwargs)} for c in cs]
@@ -259,12 +266,12 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
             run = run_submission(notebook, spec, inputs_file, protected, time_limit=time_limit,
                                  memory_limit_mb=memory_limit_mb,
                                  cell_timeout=cell_timeout or max(time_limit / 4, 1),
-                                 call_timeout=call_timeout or max(time_limit / 8, 1))
+                                 call_timeout=call_timeout or max(time_limit / 8, 1), threads=threads)
             row = grade_one(student, run, spec, cases, expected)
             _atomic(_feedback(row, spec, run), out / "feedback" / f"{student}.md")
             return row
 
-        with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool, \
+        with ThreadPoolExecutor(max_workers=workers) as pool, \
                 tqdm(total=len(found), desc="submissions", disable=not progress) as bar:
             rows = []
             for row in pool.map(grade, found.items()):

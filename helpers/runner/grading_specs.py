@@ -43,6 +43,8 @@ class Exercise:
 class LabSpec:
     lab: str                           # the manifest id
     exercises: tuple[Exercise, ...]
+    allow_processes: bool = False      # True for labs whose code starts processes (Triton, torch.compile
+                                       # workers, C++ builds); a submission could then read files that way
 
 
 def _softmax_cases(gen: torch.Generator) -> list[Case]:

@@ -5,7 +5,8 @@ process. So a submission that redefines the checks or prints "passed" changes no
 
     python -m helpers.runner.sandbox JOB.json
 
-Guards, set before any student code runs: memory and CPU-time limits (setrlimit), a soft timeout per
+Guards, set before any student code runs: address-space (on CPU-only machines) and CPU-time limits
+(setrlimit; the grader also watches resident memory and wall time), a soft timeout per
 cell and per call (SIGALRM), and an audit hook that refuses to open the protected paths (the lab
 solutions, the grading specs, the other submissions, the grader's output) and to start processes or
 load native code. Audit hooks are a guard against the ordinary ways, not a security boundary: for a
@@ -41,8 +42,10 @@ def _limit(seconds: float) -> None:
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
-def install_guard(protected: list[str], flags: list[str]) -> None:
+def install_guard(protected: list[str], flags: list[str], allow_processes: bool = False) -> None:
     """The audit hook: refuse protected paths and new processes; note each refusal in `flags`."""
+    process_events = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                      "os.forkpty", "pty.spawn")
     roots = [os.path.realpath(p) for p in protected]
 
     def is_protected(path) -> bool:
@@ -53,6 +56,8 @@ def install_guard(protected: list[str], flags: list[str]) -> None:
             os.path.basename(real).startswith("grading_specs")
 
     def hook(event, args):
+        if allow_processes and (event in process_events or event.startswith(("os.exec", "os.spawn"))):
+            return
         if event in BLOCKED_EVENTS or event.startswith(("os.exec", "os.spawn", "os.posix_spawn")):
             flags.append(f"blocked {event}")
             raise PermissionError(f"grading: {event} is not allowed in a submission")
@@ -82,8 +87,9 @@ def _save(results: dict, path: Path) -> None:
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     work = Path(job["workdir"])
-    limit_bytes = int(job["memory_limit_mb"] * 2**20)
-    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    if job["address_space_limit_mb"]:   # CPU-only machines: GPU runtimes reserve far more address space
+        limit_bytes = int(job["address_space_limit_mb"] * 2**20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
     cpu = int(job["cpu_seconds"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -113,7 +119,7 @@ def main(job_path: str) -> int:
     os.dup2(log.fileno(), 2)
     shell = InteractiveShell.instance()
     flags: list[str] = []
-    install_guard(job["protected"], flags)
+    install_guard(job["protected"], flags, job["allow_processes"])
 
     cell_errors = []
     for index, cell in enumerate(nb.cells):
