@@ -57,7 +57,8 @@ EXPECTED = {   # student -> (softmax score, rms_norm score, status)
     "honest": (1.0, 1.0, "ok"),
     "partial": (1.0, 0.0, "ok"),                     # the student copy with exercise 1 done
     "crashing": (1.0, 0.0, "crashed (exit status 1)"),
-    "hanging": (0.0, 1.0, "ok"),                     # an endless loop, stopped by the per-call limit
+    "hanging": (0.0, 1.0, ("ok", "timeout")),        # an endless loop, stopped by the per-call limit (or,
+                                                     # on a very busy machine, by the hard limit: same score)
     "stubborn_hang": (0.0, 1.0, "timeout"),          # swallows the soft limit: stopped by the hard one
     "adversarial": (0.0, 0.0, "ok"),
     "uses_torch_softmax": (0.0, 1.0, "ok"),
@@ -104,7 +105,7 @@ def test_expected_scores(graded, student):
     softmax, rms, status = EXPECTED[student]
     assert row["scores"] == {"Exercise 1: softmax": softmax, "Exercise 2: rms_norm": rms}, row["lines"]
     assert row["total"] == softmax + rms and row["max"] == 2
-    assert row["status"] == status
+    assert row["status"] in status if isinstance(status, tuple) else row["status"] == status
 
 
 def test_csv_and_feedback_files(graded):

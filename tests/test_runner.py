@@ -113,7 +113,8 @@ def test_unknown_parameter_is_refused_before_running(tmp_path):
 def test_dask_executor_on_a_local_cluster(tmp_path):
     distributed = pytest.importorskip("distributed")
     # worker threads in this process (each notebook still gets its own processes): starts in a second
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
         summary = run_collection([fixture("ok"), fixture("exits")], out_dir=tmp_path,
                                  executor="dask", scheduler=cluster.scheduler_address, cell_timeout=10)
     faults = {r["path"]: r["fault"] for r in summary["notebooks"]}

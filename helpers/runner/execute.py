@@ -133,7 +133,8 @@ def _failed_job(job: dict, exc: BaseException) -> dict:
     now = time.time()
     return {"notebook": None, "record": {
         "path": job["path"], "status": "failed", "fault": "runner-error",
-        "detail": f"{type(exc).__name__}: {exc}"[:500], "error": {"ename": type(exc).__name__, "evalue": str(exc)[:500]},
+        "detail": f"{type(exc).__name__}: {exc}"[:500],
+        "error": {"ename": type(exc).__name__, "evalue": str(exc)[:500]},
         "sections": [], "peak_rss_mb": None, "started": now, "finished": now, "seconds": 0.0, "worker": "?"}}
 
 

@@ -83,7 +83,7 @@ def _run_sandbox(job: dict, time_limit: float, memory_limit_mb: float) -> str | 
 
 
 MAX_SKIPPED_CELLS = 3
-STOP_TEXT = {"timeout": "ran past the time limit and was stopped",
+STOP_TEXT = {"timeout": "ran past the time limit and was stopped (look for a loop that never ends)",
              "memory": "used more memory than the limit and was stopped"}
 
 
@@ -206,8 +206,10 @@ def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dic
             for case, exp, result in zip(cases[ex.function], expected[ex.function], got["cases"]):
                 problem = judge_case(ex, case, exp, result)
                 label = f"{ex.title}: {case.name}" + (" (hidden check)" if case.hidden else "")
-                lines.append(f"✅ {label}: passed" if problem is None else
-                             problem + (" (hidden check)" if case.hidden else ""))
+                if problem is not None and case.hidden:   # say so on the first line, before the hint
+                    first, _, rest = problem.partition("\n")
+                    problem = f"{first} (hidden check)" + (f"\n{rest}" if rest else "")
+                lines.append(f"✅ {label}: passed" if problem is None else problem)
                 passed += problem is None
         row["scores"][ex.title] = round(ex.points * passed / len(cases[ex.function]), 2)
         row["lines"] += lines

@@ -145,8 +145,10 @@ def main(job_path: str) -> int:
         entry = {"defined": callable(fn), "cases": []}
         for case in inputs[name] if callable(fn) else []:
             record = {"value": None, "raised": None, "torch_calls": [], "seconds": 0.0}
-            if entry["cases"] and entry["cases"][-1]["raised"] and entry["cases"][-1]["raised"]["type"] == "CellTimeout":
-                record["raised"] = {"type": "CellTimeout", "message": "not run: an earlier case ran past the time limit"}
+            last = entry["cases"][-1]["raised"] if entry["cases"] else None
+            if last and last["type"] == "CellTimeout":   # one hang is enough: the other cases are not run
+                record["raised"] = {"type": "CellTimeout",
+                                    "message": "not run: an earlier case ran past the time limit"}
                 entry["cases"].append(record)
                 continue
             recorder = Recorder()
