@@ -157,3 +157,17 @@ def test_unknown_lab_and_missing_folder_fail_clearly(tmp_path):
     done = subprocess.run([sys.executable, "-m", "helpers", "grade", "00_warmup_lab", str(tmp_path / "none")],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 2 and "is not a folder of submissions" in done.stderr
+
+
+def test_results_the_submission_could_tamper_with_are_read_as_data_only(tmp_path):
+    from helpers.runner.grade import _load_results
+    evil = tmp_path / "results.pt"
+    import pickle
+
+    class RunsCode:
+        def __reduce__(self):
+            return (print, ("this must never run in the grader",))
+    evil.write_bytes(pickle.dumps({"softmax": RunsCode()}, protocol=2))
+    assert _load_results(evil) == {"_flags": ["the results file was unreadable"]}
+    torch.save([1, 2], evil)
+    assert _load_results(evil) == {"_flags": ["the results file was not a mapping"]}

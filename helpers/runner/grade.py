@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -113,15 +114,16 @@ def run_submission(notebook: Path, spec: LabSpec, inputs_file: Path, protected: 
                    "cell_timeout": cell_timeout, "call_timeout": call_timeout, "path": str(work / "job.json")}
             Path(job["path"]).write_text(json.dumps(job))
             stopped = _run_sandbox(job, time_limit, memory_limit_mb)
-            results = torch.load(work / "results.pt", weights_only=True) if (work / "results.pt").exists() else {}
+            results = _load_results(work / "results.pt")
             marker = (work / "current.txt").read_text().strip() if (work / "current.txt").exists() else "cells"
             if stopped:
                 stops.append(stopped)
             if stopped is None and marker == "done":
                 break
             why = STOP_TEXT.get(stopped, stopped) if stopped else "ended its process early"
-            if marker.startswith("cell ") and len(skip) < MAX_SKIPPED_CELLS:   # run again without that cell
-                skip.append(int(marker.split()[1]))
+            cell = re.fullmatch(r"cell (\d+)", marker)
+            if cell and len(skip) < MAX_SKIPPED_CELLS:   # run again without that cell
+                skip.append(int(cell.group(1)))
                 notes.append(f"cell {skip[-1]} {why}; it was left out and the notebook run again")
                 continue
             if marker not in remaining:   # while the cells ran (or a marker the submission wrote itself)
@@ -134,9 +136,17 @@ def run_submission(notebook: Path, spec: LabSpec, inputs_file: Path, protected: 
         for name in remaining:
             if name not in results and name not in faults:
                 faults[name] = "could not be graded: the notebook kept stopping early"
-        log = (work / "output.log").read_text(errors="replace")[-4000:] if (work / "output.log").exists() else ""
-    return {"results": results, "faults": faults, "stops": stops, "flags": list(results.get("_flags", [])),
-            "cell_errors": notes + list(results.get("_cell_errors", [])), "log": log}
+    return {"results": results, "faults": faults, "stops": stops, "flags": [str(f) for f in results.get("_flags", [])],
+            "cell_errors": notes + [str(e) for e in results.get("_cell_errors", [])]}
+
+
+def _load_results(path: Path) -> dict:
+    """The sandbox's results: weights-only (tensors and plain values, never code); {} when unreadable."""
+    try:
+        results = torch.load(path, weights_only=True) if path.exists() else {}
+    except Exception:   # a file the submission wrote or broke itself
+        return {"_flags": ["the results file was unreadable"]}
+    return results if isinstance(results, dict) else {"_flags": ["the results file was not a mapping"]}
 
 
 class _Placeholder:
@@ -269,7 +279,12 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
                                  memory_limit_mb=memory_limit_mb,
                                  cell_timeout=cell_timeout or max(time_limit / 4, 1),
                                  call_timeout=call_timeout or max(time_limit / 8, 1), threads=threads)
-            row = grade_one(student, run, spec, cases, expected)
+            try:
+                row = grade_one(student, run, spec, cases, expected)
+            except Exception as exc:   # results shaped by a submission that tampered with them: no points
+                row = {"student": student, "scores": {e.title: 0.0 for e in spec.exercises}, "total": 0.0,
+                       "max": sum(e.points for e in spec.exercises), "status": "results unreadable",
+                       "flags": run["flags"], "lines": [f"❌ the grader could not read the results ({exc})"]}
             _atomic(_feedback(row, spec, run), out / "feedback" / f"{student}.md")
             return row
 
