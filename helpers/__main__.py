@@ -1,4 +1,4 @@
-"""Command line: python -m helpers {doctor, run, bench, notebooks, labs}."""
+"""Command line: python -m helpers {doctor, run, grade, bench, notebooks, labs}."""
 from __future__ import annotations
 
 import argparse
@@ -15,27 +15,67 @@ def cmd_doctor(args) -> int:
     return 0
 
 
+def _value(text: str):
+    """A -p value as papermill reads it: YAML scalars and lists (True, 3, 0.5, [1, 2]) or a string."""
+    import yaml
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
 def cmd_run(args) -> int:
     from helpers.runner import run_collection
+    from helpers.runner.execute import read_parameters
     parameters = {"QUICK": args.quick}
-    for item in args.parameter or []:
-        name, value = item
-        parameters[name] = json.loads(value) if value[:1] in "[{0123456789-tfn\"" else value
+    if args.parameters_file:
+        parameters.update(read_parameters(args.parameters_file))
+    for name, value in args.parameter or []:
+        parameters[name] = _value(value)
     out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
-    summary = run_collection(args.notebooks or None, out_dir=out, parameters=parameters,
-                             workers=args.workers, cell_timeout=args.cell_timeout)
+    try:
+        summary = run_collection(args.notebooks or None, out_dir=out, parameters=parameters, workers=args.workers,
+                                 cell_timeout=args.cell_timeout, notebook_timeout=args.timeout,
+                                 memory_limit_mb=args.memory_limit, executor=args.executor,
+                                 scheduler=args.scheduler, resume=args.resume, progress=args.progress)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: what finished is in {out / 'record.json'}; add --resume to go on", file=sys.stderr)
+        return 130
     for rec in summary["notebooks"]:
         ran = sum(s["ran"] for s in rec["sections"])
-        print(f"{rec['status']:>7}  {rec['seconds']:>6.1f} s  {rec['path']}  "
-              f"(sections run {ran}, skipped {len(rec['sections']) - ran})")
-        if rec["error"]:
-            print(f"         error in cell {rec['error'].get('cell', '?')}: {rec['error']['ename']}: "
-                  f"{rec['error']['evalue'][:300]}")
+        peak = f"{rec['peak_rss_mb']:>5.0f} MB" if rec.get("peak_rss_mb") is not None else "    ? MB"
+        print(f"{rec['status']:>7}  {rec['seconds']:>6.1f} s  {peak}  {rec['path']}  "
+              f"(sections run {ran}, skipped {len(rec['sections']) - ran})"
+              + ("  [kept from the earlier run]" if rec.get("resumed") else ""))
+        if rec["fault"]:
+            print(f"         {rec['fault']}: {rec['detail'][:300]}")
+        if rec["error"] and rec["error"].get("cell") is not None:
+            print(f"         in cell {rec['error']['cell']}: {rec['error']['ename']}: {rec['error']['evalue'][:300]}")
         for problem in rec["problems"]:
             print(f"         {problem}")
-    print(f"{summary['passed']} passed, {summary['failed']} failed in {summary['total_seconds']:.1f} s; "
-          f"record: {out / 'record.json'}")
+    print(f"{summary['passed']} passed, {summary['failed']} failed in {summary['total_seconds']:.1f} s "
+          f"({summary['workers']} workers, {summary['executor']}); record: {out / 'record.json'}; "
+          f"report: {out / 'report.html'}")
     return 0 if summary["failed"] == 0 else 1
+
+
+def cmd_grade(args) -> int:
+    from helpers.runner.grade import grade_submissions
+    try:
+        result = grade_submissions(args.lab, args.submissions, out_dir=args.out, workers=args.workers,
+                                   time_limit=args.time_limit, memory_limit_mb=args.memory_limit,
+                                   seed=args.seed, progress=args.progress)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for row in result["students"]:
+        print(f"{row['student']:<24} {row['total']:>6.2f} / {row['max']:g}  {row['status']}"
+              + (f"  flags: {'; '.join(row['flags'])}" if row["flags"] else ""))
+    print(f"scores: {result['csv']}; feedback: {result['feedback_dir']}")
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -102,10 +142,32 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("notebooks", nargs="*", help="paths as in helpers/manifest.json (default: all)")
     run.add_argument("--quick", action=argparse.BooleanOptionalAction, default=True,
                      help="quick mode: small sizes (default on)")
-    run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
+    run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                     help="a notebook parameter (repeatable); values read as YAML: True, 3, 0.5, [1, 2]")
+    run.add_argument("-f", "--parameters-file", help="a JSON or YAML file of parameters (-p overrides it)")
     run.add_argument("--out", help="run folder (default runs/DATE-TIME)")
-    run.add_argument("--workers", type=int, default=1)
-    run.add_argument("--cell-timeout", type=int, default=300, help="seconds per cell")
+    run.add_argument("--workers", type=int, default=None,
+                     help="notebooks at a time (default: this machine's cores, as many as its free memory holds)")
+    run.add_argument("--cell-timeout", type=float, default=300, help="seconds per cell (default 300)")
+    run.add_argument("--timeout", type=float, default=900, help="seconds per notebook (default 900)")
+    run.add_argument("--memory-limit", type=float, default=None, metavar="MB",
+                     help="stop a notebook whose kernel uses more memory than this")
+    run.add_argument("--executor", choices=["local", "dask"], default="local",
+                     help="local processes (default) or a Dask cluster (with --scheduler)")
+    run.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+    run.add_argument("--resume", action="store_true", help="keep the notebooks that passed in --out's record")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
+    grade = sub.add_parser("grade", help="grade a folder of lab submissions; writes scores.csv and feedback")
+    grade.add_argument("lab", help="lab id or path, e.g. 00_warmup_lab (see helpers/runner/grading_specs.py)")
+    grade.add_argument("submissions", help="folder of submissions: NAME.ipynb, or NAME/<any>.ipynb")
+    grade.add_argument("--out", help="output folder (default: SUBMISSIONS/graded)")
+    grade.add_argument("--workers", type=int, default=None, help="submissions at a time")
+    grade.add_argument("--time-limit", type=float, default=120, help="seconds per submission (default 120)")
+    grade.add_argument("--memory-limit", type=float, default=2048, metavar="MB",
+                       help="memory per submission (default 2048)")
+    grade.add_argument("--seed", type=int, default=None,
+                       help="seed of the grader's inputs (default: a fresh secret one per run)")
+    grade.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
     bench = sub.add_parser("bench", help="run a module's benchmark and write JSON")
     bench.add_argument("name", help="a helpers module with benchmark(quick=...), e.g. bench, data, moe, quant")
     bench.add_argument("--quick", action="store_true")
@@ -128,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     val.add_argument("--label")
     val.add_argument("--out", help="run: the JSON file; compare: the HTML report")
     args = parser.parse_args(argv)
-    handler = {"doctor": cmd_doctor, "run": cmd_run, "bench": cmd_bench, "notebooks": cmd_notebooks,
-               "labs": cmd_labs, "validate": cmd_validate}[args.command]
+    handler = {"doctor": cmd_doctor, "run": cmd_run, "grade": cmd_grade, "bench": cmd_bench,
+               "notebooks": cmd_notebooks, "labs": cmd_labs, "validate": cmd_validate}[args.command]
     return handler(args)
 
 

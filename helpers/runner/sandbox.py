@@ -1,0 +1,180 @@
+"""The student's side of grading: one process per submission that runs the notebook's code cells and
+calls the exercise functions on the grader's inputs. It decides nothing: it writes what the functions
+returned (tensors and plain values, a weights-only torch file) and the grader judges that in its own
+process. So a submission that redefines the checks or prints "passed" changes nothing that is read.
+
+    python -m helpers.runner.sandbox JOB.json
+
+Guards, set before any student code runs: address-space (on CPU-only machines) and CPU-time limits
+(setrlimit; the grader also watches resident memory and wall time), a soft timeout per
+cell and per call (SIGALRM), and an audit hook that refuses to open the protected paths (the lab
+solutions, the grading specs, the other submissions, the grader's output) and to start processes or
+load native code. Audit hooks are a guard against the ordinary ways, not a security boundary: for a
+hostile class, also run the grader where the solutions are not on disk.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+
+BLOCKED_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                  "os.forkpty", "pty.spawn", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
+                  "ctypes.call_function", "ctypes.string_at", "ctypes.wstring_at", "ctypes.addressof")
+PATH_EVENTS = ("open", "os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
+               "os.link", "os.symlink", "os.listdir", "os.scandir", "shutil.rmtree", "shutil.copyfile",
+               "shutil.move")
+
+
+class CellTimeout(Exception):
+    """The cell or call ran past its time limit."""
+
+
+def _on_alarm(signum, frame):
+    raise CellTimeout("ran past the time limit")
+
+
+def _limit(seconds: float) -> None:
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def install_guard(protected: list[str], flags: list[str], allow_processes: bool = False) -> None:
+    """The audit hook: refuse protected paths and new processes; note each refusal in `flags`."""
+    process_events = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                      "os.forkpty", "pty.spawn")
+    roots = [os.path.realpath(p) for p in protected]
+
+    def is_protected(path) -> bool:
+        if isinstance(path, int):
+            return False
+        real = os.path.realpath(os.fsdecode(path))
+        return any(real == r or real.startswith(r + os.sep) for r in roots) or \
+            os.path.basename(real).startswith("grading_specs")
+
+    def hook(event, args):
+        if allow_processes and (event in process_events or event.startswith(("os.exec", "os.spawn"))):
+            return
+        if event in BLOCKED_EVENTS or event.startswith(("os.exec", "os.spawn", "os.posix_spawn")):
+            flags.append(f"blocked {event}")
+            raise PermissionError(f"grading: {event} is not allowed in a submission")
+        if event in PATH_EVENTS and args and args[0] is not None and is_protected(args[0]):
+            flags.append(f"blocked {event} of {os.fsdecode(args[0]) if not isinstance(args[0], int) else args[0]}")
+            raise PermissionError(f"grading: a submission may not access {args[0]!r}")
+    sys.addaudithook(hook)
+
+
+def _plain(value):
+    """What travels back: a plain tensor (a subclass loses its class), a plain value, or its type name."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().as_subclass(torch.Tensor).clone()
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    return {"type": type(value).__name__}
+
+
+def _save(results: dict, path: Path) -> None:
+    import torch
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(results, tmp)
+    os.replace(tmp, path)
+
+
+def main(job_path: str) -> int:
+    job = json.loads(Path(job_path).read_text())
+    work = Path(job["workdir"])
+    if job["address_space_limit_mb"]:   # CPU-only machines: GPU runtimes reserve far more address space
+        limit_bytes = int(job["address_space_limit_mb"] * 2**20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    cpu = int(job["cpu_seconds"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+    signal.signal(signal.SIGALRM, _on_alarm)
+
+    # everything the harness needs is imported before the first student line runs
+    import nbformat
+    import torch
+    from IPython.core.interactiveshell import InteractiveShell
+    from torch.overrides import TorchFunctionMode
+
+    class Recorder(TorchFunctionMode):
+        """Notes the torch functions an exercise calls (for exercises that forbid some)."""
+        def __init__(self):
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.add(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    nb = nbformat.read(job["notebook"], as_version=4)
+    inputs = torch.load(job["inputs"], weights_only=True)
+    results_path, marker = work / "results.pt", work / "current.txt"
+    results = torch.load(results_path, weights_only=True) if results_path.exists() else {}
+    log = open(work / "output.log", "a")
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    shell = InteractiveShell.instance()
+    flags: list[str] = []
+    install_guard(job["protected"], flags, job["allow_processes"])
+
+    cell_errors = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or index in job["skip_cells"]:
+            continue
+        marker.write_text(f"cell {index}")
+        _limit(job["cell_timeout"])
+        try:
+            outcome = shell.run_cell(cell.source, store_history=False)
+        except CellTimeout:
+            outcome = None
+        finally:
+            _limit(0)
+        if outcome is None or not outcome.success:
+            err = None if outcome is None else (outcome.error_in_exec or outcome.error_before_exec)
+            cell_errors.append(f"cell {index}: {type(err).__name__ if err else 'CellTimeout'}: {err or ''}"[:300])
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            shell.run_cell("QUICK = True", store_history=False)
+
+    for name in job["exercises"]:
+        marker.write_text(name)
+        fn = shell.user_ns.get(name)
+        entry = {"defined": callable(fn), "cases": []}
+        for case in inputs[name] if callable(fn) else []:
+            record = {"value": None, "raised": None, "torch_calls": [], "seconds": 0.0}
+            last = entry["cases"][-1]["raised"] if entry["cases"] else None
+            if last and last["type"] == "CellTimeout":   # one hang is enough: the other cases are not run
+                record["raised"] = {"type": "CellTimeout",
+                                    "message": "not run: an earlier case ran past the time limit"}
+                entry["cases"].append(record)
+                continue
+            recorder = Recorder()
+            start = time.perf_counter()
+            _limit(job["call_timeout"])
+            try:
+                with recorder:
+                    value = fn(*case["args"], **case["kwargs"])
+                _limit(0)
+                record["value"] = _plain(value)
+            except BaseException as exc:   # a student's function may raise anything, SystemExit included
+                _limit(0)
+                record["raised"] = {"type": type(exc).__name__, "message": str(exc)[:500]}
+            record["seconds"] = time.perf_counter() - start
+            record["torch_calls"] = sorted(recorder.names)
+            entry["cases"].append(record)
+        results[name] = entry
+        results["_flags"] = sorted(set(results.get("_flags", [])) | set(flags))
+        results["_cell_errors"] = cell_errors
+        _save(results, results_path)
+    results["_flags"] = sorted(set(results.get("_flags", [])) | set(flags))
+    results["_cell_errors"] = cell_errors
+    _save(results, results_path)
+    marker.write_text("done")
+    return 0
+
+
+if __name__ == "__main__":
+    os._exit(main(sys.argv[1]))

@@ -1,0 +1,173 @@
+"""Grading the warm-up lab: honest, partial, crashing, hanging, malformed and adversarial submissions
+get the expected scores; the grader judges results in its own process, so redefined checks, fake
+"passed" lines, reading the solutions or calling torch.softmax gain nothing."""
+import copy
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from nbformat.v4 import new_code_cell
+
+from helpers.runner.grade import grade_submissions, judge_case
+from helpers.runner.grading_specs import Case, spec_for
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTION = nbformat.read(str(REPO / "labs" / "solutions" / "00_warmup_lab.ipynb"), as_version=4)
+STUDENT = nbformat.read(str(REPO / "labs" / "00_warmup_lab.ipynb"), as_version=4)
+GOOD_SOFTMAX = next(c.source for c in SOLUTION.cells if "def softmax" in c.source)
+
+CHEAT_CHECKS = """import helpers.checks as hc, torch
+hc.check_close = hc.check_raises = lambda *a, **k: print('✅ Exercise: passed')
+torch.allclose = lambda *a, **k: True
+torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
+print('✅ Exercise 1: softmax on large inputs: passed')"""
+READS_SOLUTION = """import json, pathlib, helpers
+def softmax(x, dim=-1):
+    sol = pathlib.Path(helpers.__file__).parent.parent / 'labs' / 'solutions' / '00_warmup_lab.ipynb'
+    cells = json.loads(sol.read_text())['cells']
+    ns = {'torch': torch}
+    exec(next(''.join(c['source']) for c in cells if 'def softmax' in ''.join(c['source'])), ns)
+    return ns['softmax'](x, dim)
+"""
+LIES = """import subprocess
+class Liar(torch.Tensor):
+    def __eq__(self, other):
+        return True
+def rms_norm(x, weight, eps=1e-6):
+    try:
+        subprocess.run(['cat', 'labs/solutions/00_warmup_lab.ipynb'])
+    except Exception:
+        pass
+    return torch.zeros_like(x).as_subclass(Liar)
+"""
+STUBBORN_HANG = """import time
+def softmax(x, dim=-1):
+    while True:
+        try:
+            time.sleep(100)
+        except BaseException:
+            pass
+"""
+
+EXPECTED = {   # student -> (softmax score, rms_norm score, status)
+    "honest": (1.0, 1.0, "ok"),
+    "partial": (1.0, 0.0, "ok"),                     # the student copy with exercise 1 done
+    "crashing": (1.0, 0.0, "crashed (exit status 1)"),
+    "hanging": (0.0, 1.0, ("ok", "timeout")),        # an endless loop, stopped by the per-call limit (or,
+                                                     # on a very busy machine, by the hard limit: same score)
+    "stubborn_hang": (0.0, 1.0, "timeout"),          # swallows the soft limit: stopped by the hard one
+    "adversarial": (0.0, 0.0, "ok"),
+    "uses_torch_softmax": (0.0, 1.0, "ok"),
+    "malformed": (0.0, 0.0, "malformed notebook"),
+}
+
+
+def submission(path: Path, softmax=None, rms_norm=None, extra=(), base=SOLUTION):
+    nb = copy.deepcopy(base)
+    for cell in nb.cells:
+        if softmax is not None and "def softmax" in cell.source:
+            cell.source = softmax
+        if rms_norm is not None and "def rms_norm" in cell.source:
+            cell.source = rms_norm
+    for i, source in enumerate(extra):
+        nb.cells.insert(3 + i, new_code_cell(source))
+    nbformat.write(nb, str(path))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    subs = tmp_path_factory.mktemp("submissions")
+    submission(subs / "honest.ipynb")
+    submission(subs / "partial.ipynb", softmax=GOOD_SOFTMAX, base=STUDENT)
+    submission(subs / "crashing.ipynb", rms_norm="import os\ndef rms_norm(x, weight, eps=1e-6):\n    os._exit(1)\n")
+    submission(subs / "hanging.ipynb", softmax="def softmax(x, dim=-1):\n    while True:\n        pass\n")
+    submission(subs / "stubborn_hang.ipynb", softmax=STUBBORN_HANG)
+    submission(subs / "adversarial.ipynb", softmax=READS_SOLUTION, rms_norm=LIES, extra=[CHEAT_CHECKS])
+    submission(subs / "uses_torch_softmax.ipynb",
+               softmax="import torch.nn.functional as F\ndef softmax(x, dim=-1):\n"
+                       "    return getattr(F, 'soft' + 'max')(x, dim=dim)\n")
+    (subs / "malformed").mkdir()
+    (subs / "malformed" / "lab.ipynb").write_text("{ not a notebook")
+    out = tmp_path_factory.mktemp("graded")
+    result = grade_submissions("00_warmup_lab", subs, out_dir=out, workers=2, time_limit=15, cell_timeout=4,
+                               call_timeout=2, seed=1234)
+    return result, out
+
+
+@pytest.mark.parametrize("student", EXPECTED)
+def test_expected_scores(graded, student):
+    result, _ = graded
+    row = next(r for r in result["students"] if r["student"] == student)
+    softmax, rms, status = EXPECTED[student]
+    assert row["scores"] == {"Exercise 1: softmax": softmax, "Exercise 2: rms_norm": rms}, row["lines"]
+    assert row["total"] == softmax + rms and row["max"] == 2
+    assert row["status"] in status if isinstance(status, tuple) else row["status"] == status
+
+
+def test_csv_and_feedback_files(graded):
+    result, out = graded
+    rows = list(csv.DictReader(open(out / "scores.csv")))
+    assert [r["student"] for r in rows] == sorted(EXPECTED)
+    assert {r["student"]: float(r["total"]) for r in rows} == {s: a + b for s, (a, b, _) in EXPECTED.items()}
+    partial = (out / "feedback" / "partial.md").read_text()
+    assert "Score: 1 / 2" in partial and "✅ Exercise 1: softmax: huge values (1e4) do not overflow (hidden check)" \
+        in partial
+    assert "raised NotImplementedError: Exercise 2: your code here" in partial
+    hanging = (out / "feedback" / "hanging.md").read_text()
+    assert "ran past the time limit" in hanging and "look for a loop that never ends" in hanging
+    stubborn = (out / "feedback" / "stubborn_hang.md").read_text()
+    assert "it was left out and the notebook run again" in stubborn
+    cheat = (out / "feedback" / "uses_torch_softmax.md").read_text()
+    assert "calls torch's softmax, which this exercise asks you to write yourself" in cheat
+
+
+def test_adversarial_attempts_are_refused_and_flagged(graded):
+    result, out = graded
+    row = next(r for r in result["students"] if r["student"] == "adversarial")
+    assert any("blocked open of" in f and "00_warmup_lab.ipynb" in f for f in row["flags"])
+    assert "blocked subprocess.Popen" in row["flags"]
+    text = (out / "feedback" / "adversarial.md").read_text()
+    assert "PermissionError: grading: a submission may not access" in text
+    assert "values differ" in text            # the Liar subclass came back as a plain tensor of zeros
+    assert "✅" not in text                   # the fake "passed" lines it printed count for nothing
+
+
+def test_judge_case_hints():
+    ex = spec_for("00_warmup_lab").exercises[0]
+    x = torch.randn(2, 3)
+    case = Case("dtype", (x,), hint="keep the dtype")
+    got = {"value": torch.softmax(x, -1).double(), "raised": None, "torch_calls": ["exp"]}
+    assert "dtype torch.float64, expected torch.float32" in judge_case(ex, case, torch.softmax(x, -1), got)
+    got = {"value": {"type": "list"}, "raised": None, "torch_calls": []}
+    assert "expected a torch.Tensor, got list" in judge_case(ex, case, torch.softmax(x, -1), got)
+    raises = Case("rejects", (x,), raises="ValueError", match="weight", hint="check shapes")
+    got = {"value": None, "raised": {"type": "RuntimeError", "message": "boom"}, "torch_calls": []}
+    assert "raised RuntimeError: boom, expected ValueError" in judge_case(ex, raises, None, got)
+    got = {"value": None, "raised": {"type": "ValueError", "message": "bad"}, "torch_calls": []}
+    assert "does not mention 'weight'" in judge_case(ex, raises, None, got)
+
+
+def test_unknown_lab_and_missing_folder_fail_clearly(tmp_path):
+    with pytest.raises(ValueError, match="no grading spec for lab 'nope'"):
+        spec_for("nope")
+    done = subprocess.run([sys.executable, "-m", "helpers", "grade", "00_warmup_lab", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2 and "is not a folder of submissions" in done.stderr
+
+
+def test_results_the_submission_could_tamper_with_are_read_as_data_only(tmp_path):
+    from helpers.runner.grade import _load_results
+    evil = tmp_path / "results.pt"
+    import pickle
+
+    class RunsCode:
+        def __reduce__(self):
+            return (print, ("this must never run in the grader",))
+    evil.write_bytes(pickle.dumps({"softmax": RunsCode()}, protocol=2))
+    assert _load_results(evil) == {"_flags": ["the results file was unreadable"]}
+    torch.save([1, 2], evil)
+    assert _load_results(evil) == {"_flags": ["the results file was not a mapping"]}
