@@ -1,4 +1,4 @@
-"""Command line: python -m helpers {doctor, run, grade, bench, notebooks, labs}."""
+"""Command line: python -m helpers {doctor, run, grade, bench, notebooks, labs, validate}."""
 from __future__ import annotations
 
 import argparse

@@ -57,7 +57,7 @@ def test_dockerfile_uses_binder_folder_and_installs_the_package(dockerfile):
 def test_binder_installs_every_package_the_notebooks_import():
     """Each top-level import in a notebook is the standard library, helpers, or a Binder requirement."""
     provided = {name.replace("-", "_") for name in pins(BINDER / "requirements.txt")}
-    provided |= {"helpers", "IPython", "ipykernel", "torch"}     # IPython comes with ipykernel
+    provided |= {"helpers", "IPython", "ipykernel", "torch", "torchgen"}   # IPython comes with ipykernel, torchgen with torch
     imported = set()
     for item in entries():
         for cell in notebooks.read(REPO / item["path"]).cells:
