@@ -151,23 +151,25 @@ def _describe(value) -> str:
 def check_autograd(op=None, what: str = "Exercise 3: the autograd formula") -> None:
     """Gradients against the reference's autograd (float32) and torch.autograd.gradcheck (float64)."""
     op = op or _default_op()
+    register_hint = (f"register it: torch.library.register_autograd(\"{op._schema.name}\", backward, "
+                     "setup_context=setup_context)")
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(op._schema.name, "Autograd"):
+        fail(what, f"{op._schema.name} has no autograd formula registered (torch would fall back to a "
+                   "deprecated path that warns and can give wrong or no gradients)", register_hint)
     torch.manual_seed(0)
     gate, up = torch.randn(4, 9, requires_grad=True), torch.randn(4, 9, requires_grad=True)
     try:
         op(gate, up).sum().backward()
     except RuntimeError as exc:
         fail(what, f"backward failed: {_first_line(exc)}",
-             f"register the formula: torch.library.register_autograd(\"{op._schema.name}\", backward, "
-             "setup_context=setup_context)")
+             "backward(ctx, grad) returns one gradient per input (gate, up), each shaped like its input")
     ref_gate, ref_up = gate.detach().clone().requires_grad_(), up.detach().clone().requires_grad_()
     silu_mul_reference(ref_gate, ref_up).sum().backward()
     for name, got, expected, formula in (
             ("gate", gate.grad, ref_gate.grad, "up * s * (1 + g * (1 - s)) with s = sigmoid(g)"),
             ("up", up.grad, ref_up.grad, "silu(g) = g * sigmoid(g)")):
         if got is None:
-            fail(what, f"no gradient reached {name}: the op has no autograd formula",
-                 f"register one: torch.library.register_autograd(\"{op._schema.name}\", backward, "
-                 "setup_context=setup_context)")
+            fail(what, f"no gradient reached {name}", "return a gradient for both gate and up, not None")
         if not torch.allclose(got, expected, atol=1e-5, rtol=1e-4):
             fail(what, f"the gradient for {name} is wrong (max error {(got - expected).abs().max():.3g})",
                  f"d out / d {name} = {formula}; multiply by the incoming grad and return one value per input")
