@@ -198,21 +198,28 @@ def test_stale_lock_is_removed(tmp_path):
 # --- the lab's op and checks, on ops implemented in Python (no build needed) ---------------------
 
 _TEST_LIB = torch.library.Library("labs_ext_test", "DEF")
-for _name in ("good", "wrong", "nofake"):
+for _name in ("good", "wrong", "nofake", "strided"):
     _TEST_LIB.define(f"{_name}(Tensor gate, Tensor up) -> Tensor")
-_TEST_LIB.impl("good", lab.silu_mul_reference, "CPU")
-_TEST_LIB.impl("nofake", lab.silu_mul_reference, "CPU")
+for _name in ("good", "nofake", "strided"):
+    _TEST_LIB.impl(_name, lab.silu_mul_reference, "CPU")
 _TEST_LIB.impl("wrong", lambda g, u: (torch.sigmoid(g.float()) * u.float()).to(g.dtype), "CPU")
 
 
 def _fake(gate, up):
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError("gate and up must have the same shape and dtype")
-    return torch.empty_like(gate)
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+
+
+def _strided_fake(gate, up):
+    if gate.shape != up.shape or gate.dtype != up.dtype:
+        raise ValueError("gate and up must have the same shape and dtype")
+    return torch.empty_like(gate)          # keeps a transposed gate's strides: the kernel's output does not
 
 
 for _name in ("good", "wrong"):
     torch.library.register_fake(f"labs_ext_test::{_name}", _fake, lib=_TEST_LIB)
+torch.library.register_fake("labs_ext_test::strided", _strided_fake, lib=_TEST_LIB)
 
 
 def _setup(ctx, inputs, output):
@@ -249,6 +256,7 @@ def test_lab_checks_pass_a_correct_op(capsys):
 @pytest.mark.parametrize("check, op, text", [
     (lab.check_kernel, "wrong", "values differ"),
     (lab.check_fake, "nofake", "register_fake"),
+    (lab.check_fake, "strided", "memory_format=torch.contiguous_format"),
     (lab.check_autograd, "wrong", "register_autograd"),
     (lab.check_opcheck, "nofake", "test_faketensor"),
 ])

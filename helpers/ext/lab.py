@@ -130,7 +130,8 @@ def check_fake(op=None, what: str = "Exercise 2: the fake kernel") -> None:
     if not isinstance(out, torch.Tensor) or out.shape != (3, 5) or out.dtype != torch.float32:
         fail(what, f"on two (3, 5) float32 inputs it returned {_describe(out)}",
              "return a tensor with gate's shape and dtype: torch.empty_like(gate)")
-    _opcheck(op, [_sample((3, 5), torch.float32)], ("test_faketensor",), what)
+    transposed = (torch.randn(5, 3).t(), torch.randn(3, 5))     # the C++ wrapper returns it contiguous
+    _opcheck(op, [_sample((3, 5), torch.float32), transposed], ("test_faketensor",), what)
     for bad_up in (torch.empty(3, 4, device="meta"), torch.empty(3, 5, device="meta", dtype=torch.float64)):
         try:
             op(torch.empty(3, 5, device="meta"), bad_up)
@@ -187,8 +188,9 @@ def _sample(shape, dtype, requires_grad=False):
 OPCHECK_HINTS = {
     "test_schema": "the kernel must not modify its inputs or return one of them: allocate a new output",
     "test_autograd_registration": "register the backward with torch.library.register_autograd",
-    "test_faketensor": "the fake kernel's output must match the real one in shape, dtype and strides "
-                       "(torch.empty_like(gate) gives a contiguous tensor, like the C++ wrapper)",
+    "test_faketensor": "the fake kernel's output must match the real one in shape, dtype and strides: the "
+                       "C++ wrapper returns a contiguous tensor even for a transposed gate, so use "
+                       "torch.empty_like(gate, memory_format=torch.contiguous_format)",
     "test_aot_dispatch_dynamic": "torch.compile's tracer failed: the fake kernel may use only shapes and "
                                  "dtypes (no .item(), no data), and the backward must use torch operations",
 }
@@ -203,7 +205,7 @@ def _opcheck(op, samples, tests, what) -> None:
                      OPCHECK_HINTS.get(test, ""))
 
 
-def check_opcheck(op=None, what: str = "Exercise 4: torch.library.opcheck") -> None:
+def check_opcheck(op=None, what: str = "Exercises 1-3 together: torch.library.opcheck") -> None:
     """opcheck's four tests on float32 inputs that require grad, bfloat16 and an odd shape."""
     op = op or _default_op()
     torch.manual_seed(0)
@@ -215,7 +217,7 @@ def check_opcheck(op=None, what: str = "Exercise 4: torch.library.opcheck") -> N
 
 
 def check_compiled(swiglu_mlp, op=None, backend: str = "inductor",
-                   what: str = "Exercise 5: SwiGLU under torch.compile") -> None:
+                   what: str = "Exercise 4: SwiGLU under torch.compile") -> None:
     """swiglu_mlp(x, w_gate, w_up, w_down) calls the op, compiles with fullgraph=True (no graph
     breaks), and matches the reference in values and gradients."""
     op = op or _default_op()
