@@ -247,7 +247,7 @@ def sample_inputs(device: torch.device | str = "cpu", quick: bool = True) -> lis
 
 
 def compare_kernels(rows: int, hidden: int, dtype: torch.dtype = torch.float32, repeats: int = 5,
-                    device: torch.device | str = "cpu") -> dict:
+                    device: torch.device | str = "cpu", min_run_time: float = 0.1) -> dict:
     """Time the PyTorch reference, torch's own F.rms_norm and labs_ext.rms_norm (whatever kernel is
     registered for `device`) side by side with helpers.bench.compare."""
     from helpers.bench import compare
@@ -256,7 +256,7 @@ def compare_kernels(rows: int, hidden: int, dtype: torch.dtype = torch.float32, 
     result = compare({"reference (PyTorch ops)": lambda: rms_norm_reference(x, w),
                       "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6),
                       "labs_ext.rms_norm": lambda: torch.ops.labs_ext.rms_norm(x, w, 1e-6)},
-                     baseline="reference (PyTorch ops)", repeats=repeats, device=device,
+                     baseline="reference (PyTorch ops)", repeats=repeats, device=device, min_run_time=min_run_time,
                      work=2 * x.numel() * x.element_size() / 1e9, work_unit="GB")
     result["kernel"] = kernel_for(device)
     result["shape"] = [rows, hidden]
