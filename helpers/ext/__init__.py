@@ -1,0 +1,275 @@
+"""One custom op, three kernels: C++ for the CPU, SYCL for Intel GPUs, PyTorch as the reference.
+
+    from helpers import ext
+    ext.load_cpu_kernels()           # build once (cached by source hash), register the C++ CPU kernel
+    y = ext.rms_norm(x, weight)      # torch.ops.labs_ext.rms_norm: the native kernel for x's device
+                                     # where one is registered, else the PyTorch reference
+
+Importing this module registers, from Python, the op's schema, its fake (meta) kernel, its autograd
+formula and the PyTorch reference as the fallback kernel for every device (CompositeExplicitAutograd).
+So the op works on any device and under torch.compile before any C++ is built. `rms_norm_cpu.cpp`
+and `rms_norm_xpu.sycl` only add kernels for the CPU and XPU dispatch keys (TORCH_LIBRARY_IMPL).
+
+`build_and_load` compiles with torch.utils.cpp_extension.load_inline into a cache directory named
+after a hash of the sources, the flags, torch and Python, and loads the library with
+torch.ops.load_library; a later call (in any process) loads the cached library without a compiler.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from helpers.device import probe, skip_reason
+
+NAMESPACE = "labs_ext"
+SOURCES = Path(__file__).resolve().parent
+CPU_SOURCE = SOURCES / "rms_norm_cpu.cpp"
+SYCL_SOURCE = SOURCES / "rms_norm_xpu.sycl"
+CACHE_DIR = Path(os.environ.get("LABS_CACHE", Path.home() / ".cache" / "pytorch-210-labs")) / "ext"
+STALE_LOCK_S = 600          # a build lock older than this was left by an interrupted build
+LIBRARY_SUFFIX = ".pyd" if sys.platform == "win32" else ".so"
+
+
+# --- Build and load ------------------------------------------------------------------------------
+
+class BuildError(RuntimeError):
+    """An extension could not be built here; the message says what is missing or which line failed.
+    `log` holds the full compiler output when the compiler ran."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
+@dataclass(frozen=True)
+class Built:
+    name: str
+    path: Path          # the shared library
+    cached: bool        # True: loaded from the cache, no compiler ran in this call
+    build_s: float      # how long the build took when it ran (measured then, stored with the cache)
+    load_s: float       # how long this call took
+
+
+def cache_key(*parts: str) -> str:
+    """12 hex digits of a hash of the sources and flags, torch's version, Python's and the platform."""
+    digest = hashlib.sha256()
+    for part in (*parts, torch.__version__, sys.version, platform.machine(), sys.platform):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def build_directory(name: str, cpp_source: str, sycl_source: str | None = None,
+                    extra_cflags: tuple[str, ...] = ("-O3",)) -> Path:
+    """Where `build_and_load` builds (and caches) this exact source."""
+    return CACHE_DIR / f"{name}-{cache_key(cpp_source, sycl_source or '', *extra_cflags)}"
+
+
+def build_and_load(name: str, cpp_source: str, *, sycl_source: str | None = None,
+                   extra_cflags: tuple[str, ...] = ("-O3",), verbose: bool = False) -> Built:
+    """Compile `cpp_source` (and `sycl_source` with icpx) into a shared library and load it into this
+    process, so its TORCH_LIBRARY registrations take effect. Built once per source: a later call finds
+    the library in the cache and only loads it. Raises BuildError saying what to install when a
+    compiler, ninja or the SYCL toolchain is missing, or with the compiler's error lines."""
+    if not name.isidentifier():
+        raise ValueError(f"extension name {name!r} must be a Python identifier (letters, digits, _)")
+    directory = build_directory(name, cpp_source, sycl_source, extra_cflags)
+    library = directory / f"{name}_{directory.name.rsplit('-', 1)[1]}{LIBRARY_SUFFIX}"
+    record = directory / "built.json"
+    start = time.perf_counter()
+    if record.exists() and library.exists():
+        torch.ops.load_library(str(library))
+        return Built(name, library, True, json.loads(record.read_text())["build_s"], time.perf_counter() - start)
+
+    needs = ("cxx", "ninja", "sycl") if sycl_source else ("cxx", "ninja")
+    reason = skip_reason(needs, caps=probe())      # probed now: PATH may have changed since import
+    if reason:
+        raise BuildError(f"cannot build the {name!r} extension here: {reason}")
+    directory.mkdir(parents=True, exist_ok=True)
+    _remove_stale_lock(directory)
+    from torch.utils.cpp_extension import load_inline
+    try:
+        load_inline(library.stem, cpp_sources=cpp_source, sycl_sources=sycl_source,
+                    extra_cflags=list(extra_cflags), extra_sycl_cflags=list(extra_cflags) if sycl_source else None,
+                    build_directory=str(directory), is_python_module=False, no_implicit_headers=True,
+                    verbose=verbose)
+    except RuntimeError as exc:                    # torch's "Error building extension ...": compiler output
+        raise BuildError(compiler_errors(name, str(exc), directory), log=str(exc)) from None
+    build_s = time.perf_counter() - start
+    tmp = record.with_suffix(f".{os.getpid()}.tmp")  # atomic: parallel builders never see half a file
+    tmp.write_text(json.dumps({"build_s": build_s, "torch": torch.__version__, "library": library.name}))
+    tmp.replace(record)
+    return Built(name, library, False, build_s, build_s)
+
+
+def compiler_errors(name: str, log: str, directory: Path, limit: int = 8) -> str:
+    """The compiler's error lines from a failed build log, shortened, with where to see the rest."""
+    lines = [line.replace(str(directory) + os.sep, "") for line in log.splitlines()
+             if re.search(r"\berror\b", line, re.I) and not line.startswith(("FAILED:", "ninja: build stopped"))]
+    shown = "\n  ".join(lines[:limit]) or log[-2000:]
+    more = f"\n  ... and {len(lines) - limit} more" if len(lines) > limit else ""
+    return (f"the compiler rejected the {name!r} extension:\n  {shown}{more}\n"
+            f"(sources and build files: {directory}; the BuildError's .log has the full output)")
+
+
+def _remove_stale_lock(directory: Path) -> None:
+    """torch waits forever on the lock file of a build that was killed; remove it when it is old."""
+    lock = directory / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        warnings.warn(f"removed a stale build lock left by an interrupted build: {lock}", stacklevel=3)
+        lock.unlink(missing_ok=True)
+
+
+def load_cpu_kernels(verbose: bool = False) -> Built:
+    """Build (once) and register the C++ CPU kernel of labs_ext::rms_norm."""
+    return build_and_load("labs_ext_cpu", CPU_SOURCE.read_text(), verbose=verbose)
+
+
+def load_xpu_kernels(verbose: bool = False) -> Built:
+    """Build (once) and register the SYCL kernel of labs_ext::rms_norm. Needs icpx and an XPU torch."""
+    return build_and_load("labs_ext_xpu", "", sycl_source=SYCL_SOURCE.read_text(), verbose=verbose)
+
+
+# --- The op: reference, schema, fake kernel, autograd ------------------------------------------------
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the kernels accumulate in (ATen's opmath type): float32 for bf16/fp16, else the dtype."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def check_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """The rules every rms_norm kernel enforces, as clear ValueErrors."""
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"rms_norm needs a floating-point x, got {x.dtype}: convert with x.float()")
+    if x.dim() == 0 or weight.shape != x.shape[-1:]:
+        raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)} but x has shape {tuple(x.shape)}: "
+                         f"pass a weight of shape ({x.shape[-1] if x.dim() else '?'},)")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"rms_norm: x is {x.dtype} but weight is {weight.dtype}; use one dtype "
+                         f"(weight.to(x.dtype))")
+    if weight.device != x.device:
+        raise ValueError(f"rms_norm: x is on {x.device} but weight is on {weight.device}")
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(mean(x**2 over the last dim) + eps) * weight, computed in float32 (float64 for
+    float64) and rounded once, like the kernels. Contiguous output, like the kernels."""
+    acc = _acc_dtype(x.dtype)
+    xf = x.to(acc)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(acc)
+    return y.to(x.dtype).contiguous()
+
+
+_LIB = torch.library.Library(NAMESPACE, "DEF")     # kept alive for the process: it owns the registrations
+_LIB.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
+RMS_NORM = f"{NAMESPACE}::rms_norm"
+
+
+def _fallback(x, weight, eps):
+    check_inputs(x, weight)
+    return rms_norm_reference(x, weight, eps)
+
+
+# Every device without a kernel of its own (CUDA, MPS, XPU before the SYCL build, CPU before the C++ build)
+_LIB.impl("rms_norm", _fallback, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(RMS_NORM, lib=_LIB)
+def _rms_norm_fake(x, weight, eps):
+    check_inputs(x, weight)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _backward(ctx, grad):
+    """With r = 1/sqrt(mean(x**2) + eps): dx = r * (g*w - x * r**2 * mean(g*w*x)), dw = sum(g*x*r)."""
+    x, weight = ctx.saved_tensors
+    acc = _acc_dtype(x.dtype)
+    xf, wf, gf = x.to(acc), weight.to(acc), grad.to(acc)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    gw = gf * wf
+    grad_x = rstd * (gw - xf * rstd.pow(2) * (gw * xf).mean(-1, keepdim=True))
+    grad_w = (gf * xf * rstd).reshape(-1, x.shape[-1]).sum(0)
+    return grad_x.to(x.dtype), grad_w.to(weight.dtype), None
+
+
+torch.library.register_autograd(RMS_NORM, _backward, setup_context=_setup_context, lib=_LIB)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """labs_ext::rms_norm, with the inputs checked first (clear ValueErrors instead of C++ ones)."""
+    check_inputs(x, weight)
+    return torch.ops.labs_ext.rms_norm(x, weight, eps)
+
+
+def native_kernels(op: str = RMS_NORM) -> dict[str, bool]:
+    """Which dispatch keys have a kernel of their own for `op` (the rest use the fallback).
+    Asks the dispatcher through a private torch function: it is for teaching and debugging."""
+    return {key: torch._C._dispatch_has_kernel_for_dispatch_key(op, key) for key in ("CPU", "XPU", "CUDA")}
+
+
+def kernel_for(device: torch.device | str, op: str = RMS_NORM) -> str:
+    """Which implementation labs_ext::rms_norm runs for tensors on `device`."""
+    key = {"cpu": "CPU", "xpu": "XPU", "cuda": "CUDA"}.get(torch.device(device).type)
+    if key and native_kernels(op)[key]:
+        return {"CPU": "C++ kernel (rms_norm_cpu.cpp)", "XPU": "SYCL kernel (rms_norm_xpu.sycl)"}.get(key, key)
+    return "PyTorch reference (CompositeExplicitAutograd fallback)"
+
+
+def sample_inputs(device: torch.device | str = "cpu", quick: bool = True) -> list[tuple]:
+    """Arguments for opcheck and the numerics checks: odd shapes, several dtypes, one non-contiguous
+    x, inputs that require grad."""
+    dtypes = [torch.float32, torch.bfloat16] + ([] if torch.device(device).type == "xpu" else [torch.float64])
+    shapes = [(3, 7), (2, 5, 33)] if quick else [(3, 7), (2, 5, 33), (1, 1), (64, 1025)]
+    samples = []
+    for dtype in dtypes:
+        for shape in shapes:
+            x = torch.randn(shape, device=device, dtype=dtype, requires_grad=dtype == torch.float32)
+            w = torch.rand(shape[-1], device=device, dtype=dtype, requires_grad=dtype == torch.float32)
+            samples.append((x, w, 1e-6))
+    x_t = torch.randn(9, 6, device=device).t()           # non-contiguous: the kernels copy it first
+    samples.append((x_t, torch.rand(9, device=device), 1e-5))
+    return samples
+
+
+def compare_kernels(rows: int, hidden: int, dtype: torch.dtype = torch.float32, repeats: int = 5,
+                    device: torch.device | str = "cpu", min_run_time: float = 0.1) -> dict:
+    """Time the PyTorch reference, torch's own F.rms_norm and labs_ext.rms_norm (whatever kernel is
+    registered for `device`) side by side with helpers.bench.compare."""
+    from helpers.bench import compare
+    x = torch.randn(rows, hidden, device=device, dtype=dtype)
+    w = torch.rand(hidden, device=device, dtype=dtype)
+    result = compare({"reference (PyTorch ops)": lambda: rms_norm_reference(x, w),
+                      "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6),
+                      "labs_ext.rms_norm": lambda: torch.ops.labs_ext.rms_norm(x, w, 1e-6)},
+                     baseline="reference (PyTorch ops)", repeats=repeats, device=device, min_run_time=min_run_time,
+                     work=2 * x.numel() * x.element_size() / 1e9, work_unit="GB")
+    result["kernel"] = kernel_for(device)
+    result["shape"] = [rows, hidden]
+    result["dtype"] = str(dtype)
+    return result
+
+
+def benchmark(quick: bool = False) -> dict:
+    """`python -m helpers bench ext`: the three implementations on the CPU (C++ built if possible)."""
+    try:
+        built = load_cpu_kernels()
+        build = {"cached": built.cached, "build_s": built.build_s}
+    except BuildError as exc:
+        build = {"error": str(exc)}
+    rows, hidden = (256, 1024) if quick else (4096, 4096)
+    return {"build": build, "fp32": compare_kernels(rows, hidden, repeats=3 if quick else 7)}
