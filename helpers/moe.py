@@ -98,16 +98,17 @@ def expert_ids_for_counts(counts: torch.Tensor, seed: int = 0) -> torch.Tensor:
 
 # --- Validation: torch's errors, said clearly ---------------------------------------------------
 
-def check_grouped_inputs(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> None:
+def check_grouped_inputs(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, layout: bool = True) -> None:
     """Raise a clear error for every input F.grouped_mm (2D x 3D with offsets) rejects, or accepts
-    silently although the result is wrong (offsets past the end or decreasing)."""
+    silently although the result is wrong (offsets past the end or decreasing). layout=False skips
+    the dtype and 16-byte-stride rules, which only grouped_mm itself has."""
     if xs.dim() != 2 or w.dim() != 3:
         raise ValueError(f"expected tokens xs [M, K] and expert weights w [E, K, N], got shapes "
                          f"{tuple(xs.shape)} and {tuple(w.shape)}")
     if xs.dtype != w.dtype:
         raise TypeError(f"tokens are {xs.dtype} but weights are {w.dtype}: cast one explicitly "
                         f"(autocast does not cover grouped_mm)")
-    if xs.dtype not in GROUPED_MM_DTYPES:
+    if layout and xs.dtype not in GROUPED_MM_DTYPES:
         raise TypeError(f"grouped_mm supports float32, bfloat16 and float16, not {xs.dtype}")
     if xs.shape[1] != w.shape[1]:
         raise ValueError(f"tokens have K={xs.shape[1]} features but weights expect K={w.shape[1]} "
@@ -126,6 +127,8 @@ def check_grouped_inputs(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) 
         if int(offs[-1]) > xs.shape[0]:
             raise ValueError(f"the last offset ({int(offs[-1])}) is past the {xs.shape[0]} token rows: "
                              f"offsets are cumulative END offsets and the last one is the number of routed rows")
+    if not layout:
+        return
     for name, t in (("tokens", xs), ("weights", w)):
         (row_stride, col_stride), (rows, cols) = t.stride()[-2:], t.shape[-2:]
         if col_stride == 1 and row_stride >= max(1, cols):
@@ -173,7 +176,7 @@ def _bounds(offs: torch.Tensor) -> list[tuple[int, int]]:
 
 def loop_gemm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """The regular-GEMM fallback: one matmul per expert on its slice of rows (the reference)."""
-    check_grouped_inputs(xs, w, offs)
+    check_grouped_inputs(xs, w, offs, layout=False)
     parts = [xs[start:end] @ w[e] for e, (start, end) in enumerate(_bounds(offs))]
     return torch.cat(parts) if parts else xs.new_zeros(0, w.shape[-1])
 
@@ -181,7 +184,7 @@ def loop_gemm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Te
 def padded_bmm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Pad every expert's rows to the busiest expert's count, one bmm, then gather the real rows.
     Cost: E * max(count) rows of work instead of sum(count)."""
-    check_grouped_inputs(xs, w, offs)
+    check_grouped_inputs(xs, w, offs, layout=False)
     counts = counts_from_offsets(offs)
     rows = int(offs[-1]) if offs.numel() else 0
     group = torch.repeat_interleave(torch.arange(len(counts), device=xs.device), counts)
