@@ -325,6 +325,20 @@ def check_offsets(offs, counts: torch.Tensor, *, what: str) -> None:
     passed(what)
 
 
+def check_beats_padded(fast, padded, *, at_least: float, what: str, hint: str = "", threads: int = 1,
+                       repeats: int = 5) -> float:
+    """`fast` is at least `at_least` times faster than `padded`, timed side by side on `threads`
+    threads (1 by default: on a busy machine multi-threaded timings swing by several times).
+    Labs only: tests never assert speed. Returns the ratio."""
+    result = compare({"padded": padded, "fast": fast}, baseline="padded", repeats=repeats, threads=threads)
+    ratio = result["results"]["fast"]["ratio_to_baseline"]
+    if ratio < at_least:
+        fail(what, f"{ratio:.2f}x faster than padded bmm ({threads} thread(s)), the target is {at_least:.2f}x",
+             hint or "compute only each expert's real rows: no padding, no copies of the whole batch")
+    print(f"✅ {what}: passed ({ratio:.2f}x faster than padded bmm on {threads} thread(s), target {at_least:.2f}x)")
+    return ratio
+
+
 # --- Benchmark ------------------------------------------------------------------------------------
 
 def gemm_gflop(rows: int, k: int, n: int) -> float:

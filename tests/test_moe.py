@@ -229,3 +229,11 @@ def test_triton_kernel_matches_the_loop_in_the_interpreter():
     for dtype, _, same_dtype, err in results:
         assert same_dtype
         assert err < (1e-4 if dtype == "torch.float32" else 0.25), (dtype, err)
+
+
+def test_check_beats_padded_fails_with_a_hint_when_too_slow():
+    from helpers.checks import CheckFailed
+    work = torch.randn(64, 64)
+    with pytest.raises(CheckFailed, match="the target is 1000000.00x"):
+        moe.check_beats_padded(lambda: work @ work, lambda: work @ work, at_least=1e6, what="speed",
+                               repeats=1)
