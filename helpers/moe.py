@@ -90,12 +90,6 @@ def skewed_counts(total: int, num_experts: int, skew: float) -> torch.Tensor:
     return counts
 
 
-def expert_ids_for_counts(counts: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """Expert ids [sum(counts)] in shuffled token order whose histogram is exactly `counts` (k=1)."""
-    ids = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    return ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(seed))]
-
-
 # --- Validation: torch's errors, said clearly ---------------------------------------------------
 
 def check_grouped_inputs(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, layout: bool = True) -> None:
