@@ -18,19 +18,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import bench
 
-# The aten op each SDPA backend dispatches to (names as torch.profiler reports them).
+# The aten op each fused SDPA backend dispatches to (as OpOverload.name() spells it). MATH has no op of
+# its own at dispatch level: it is a composition of ordinary ops (bmm or matmul, _safe_softmax).
 BACKEND_OPS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "FLASH_ATTENTION",
     "aten::_scaled_dot_product_flash_attention": "FLASH_ATTENTION",
     "aten::_scaled_dot_product_efficient_attention": "EFFICIENT_ATTENTION",
     "aten::_scaled_dot_product_cudnn_attention": "CUDNN_ATTENTION",
-    "aten::_scaled_dot_product_attention_math": "MATH",
     "aten::_scaled_dot_product_fused_attention_overrideable": "OVERRIDEABLE",
 }
+MATH_OPS = {"aten::bmm", "aten::matmul", "aten::_safe_softmax"}
 BACKENDS = ("MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+
+
+class OpNames(TorchDispatchMode):
+    """Records the name of every aten op dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.name())
+        return func(*args, **(kwargs or {}))
 
 
 def _backend(name: str) -> SDPBackend:
@@ -39,19 +53,28 @@ def _backend(name: str) -> SDPBackend:
     return SDPBackend.__members__[name]
 
 
+def backend_from_ops(names) -> str:
+    """Name the SDPA backend from the aten ops one SDPA call dispatched."""
+    fused = {BACKEND_OPS[n] for n in names if n in BACKEND_OPS}
+    if len(fused) > 1:
+        raise RuntimeError(f"expected one SDPA backend, found {sorted(fused)}")
+    if fused:
+        return fused.pop()
+    if MATH_OPS & set(names):
+        return "MATH"
+    raise RuntimeError("no SDPA kernel ran (no fused attention op, no matmul)")
+
+
 def backend_that_runs(q, k, v, backends: list[str] | None = None, **sdpa_kwargs) -> str:
-    """Run SDPA once under torch.profiler and name the backend whose kernel ran.
+    """Run SDPA once, recording the aten ops it dispatches, and name the backend that ran.
 
     backends: restrict the choice, as `sdpa_kernel([...])` does; with none that fits the inputs, SDPA
     raises RuntimeError ("No viable backend ...").
     """
     allowed = [_backend(b) for b in (backends or BACKENDS)]
-    with sdpa_kernel(allowed), torch.profiler.profile() as prof:
+    with sdpa_kernel(allowed), OpNames() as ops:
         F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
-    ran = {BACKEND_OPS[e.name] for e in prof.events() if e.name in BACKEND_OPS}
-    if len(ran) != 1:
-        raise RuntimeError(f"expected one SDPA backend op in the trace, found {sorted(ran) or 'none'}")
-    return ran.pop()
+    return backend_from_ops(ops.names)
 
 
 def backend_report(q, k, v, **sdpa_kwargs) -> dict[str, str]:

@@ -105,3 +105,20 @@ def test_varlen_matches_reference_on_gpu():
     seqs = attention.random_ragged([3, 40, 17], 2, 64, dtype=torch.bfloat16, device="cuda")
     for causal in (False, True):
         assert attention.max_error(attention.varlen_attention(seqs, causal=causal), seqs, causal=causal) < 3e-2
+
+
+def test_backend_from_ops_reads_fused_and_math_ops():
+    assert attention.backend_from_ops(["aten::view", "aten::_scaled_dot_product_flash_attention_for_cpu"]) == "FLASH_ATTENTION"
+    assert attention.backend_from_ops(["aten::bmm", "aten::_safe_softmax", "aten::bmm"]) == "MATH"
+    with pytest.raises(RuntimeError, match="no SDPA kernel ran"):
+        attention.backend_from_ops(["aten::view"])
+    with pytest.raises(RuntimeError, match="expected one SDPA backend"):
+        attention.backend_from_ops(["aten::_scaled_dot_product_flash_attention_for_cpu",
+                                    "aten::_scaled_dot_product_efficient_attention"])
+
+
+def test_jagged_sdpa_on_cpu_takes_the_math_path():
+    seqs = attention.random_ragged([3, 5], 2, 8)
+    packed, offsets, _ = attention.pack(seqs)
+    nt = torch.nested.nested_tensor_from_jagged(packed, offsets.long()).transpose(1, 2)
+    assert attention.backend_that_runs(nt, nt, nt) == "MATH"
