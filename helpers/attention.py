@@ -1,0 +1,275 @@
+"""Attention kernels: which SDPA backend runs, ragged batches three ways, compiled transformer blocks.
+
+    from helpers import attention
+    attention.backend_that_runs(q, k, v)                 # "FLASH_ATTENTION" on CPU for 4-D fp32 input
+    outs = attention.jagged_attention(seqs)              # one output per sequence, no padding
+    attention.check_against_reference(outs, seqs)
+
+Shapes follow F.scaled_dot_product_attention: (batch, heads, seq, head_dim). A ragged batch is a list
+of per-sequence tensors of shape (seq_len, heads, head_dim), the layout varlen_attn packs.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from helpers import bench
+
+# The aten op each fused SDPA backend dispatches to (as OpOverload.name() spells it). MATH has no op of
+# its own at dispatch level: it is a composition of ordinary ops (bmm or matmul, _safe_softmax).
+BACKEND_OPS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "FLASH_ATTENTION",
+    "aten::_scaled_dot_product_flash_attention": "FLASH_ATTENTION",
+    "aten::_scaled_dot_product_efficient_attention": "EFFICIENT_ATTENTION",
+    "aten::_scaled_dot_product_cudnn_attention": "CUDNN_ATTENTION",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "OVERRIDEABLE",
+}
+MATH_OPS = {"aten::bmm", "aten::matmul", "aten::_safe_softmax"}
+BACKENDS = ("MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+
+
+class OpNames(TorchDispatchMode):
+    """Records the name of every aten op dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def _backend(name: str) -> SDPBackend:
+    if name not in SDPBackend.__members__ or name == "ERROR":
+        raise ValueError(f"unknown SDPA backend {name!r}; use one of {', '.join(BACKENDS)}")
+    return SDPBackend.__members__[name]
+
+
+def backend_from_ops(names) -> str:
+    """Name the SDPA backend from the aten ops one SDPA call dispatched."""
+    fused = {BACKEND_OPS[n] for n in names if n in BACKEND_OPS}
+    if len(fused) > 1:
+        raise RuntimeError(f"expected one SDPA backend, found {sorted(fused)}")
+    if fused:
+        return fused.pop()
+    if MATH_OPS & set(names):
+        return "MATH"
+    raise RuntimeError("no SDPA kernel ran (no fused attention op, no matmul)")
+
+
+def backend_that_runs(q, k, v, backends: list[str] | None = None, **sdpa_kwargs) -> str:
+    """Run SDPA once, recording the aten ops it dispatches, and name the backend that ran.
+
+    backends: restrict the choice, as `sdpa_kernel([...])` does; with none that fits the inputs, SDPA
+    raises RuntimeError ("No viable backend ...").
+    """
+    allowed = [_backend(b) for b in (backends or BACKENDS)]
+    with sdpa_kernel(allowed), OpNames() as ops:
+        F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
+    return backend_from_ops(ops.names)
+
+
+def backend_report(q, k, v, **sdpa_kwargs) -> dict[str, str]:
+    """For each backend alone: the backend that ran, or the first line of the error it raised."""
+    report = {}
+    for name in BACKENDS:
+        try:
+            report[name] = f"runs ({backend_that_runs(q, k, v, [name], **sdpa_kwargs)})"
+        except RuntimeError as exc:
+            report[name] = str(exc).splitlines()[0]
+    return report
+
+
+def sdpa_reference(q, k, v, attn_mask=None, is_causal: bool = False, scale: float | None = None):
+    """softmax(q k^T * scale + mask) v, written out in float64: the reference every kernel is checked against.
+    A boolean mask keeps the positions where it is True (SDPA's convention)."""
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    scores = q64 @ k64.transpose(-2, -1) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if is_causal:
+        L, S = q.shape[-2], k.shape[-2]
+        attn_mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask.double()
+    return (scores.softmax(-1) @ v64).to(q.dtype)
+
+
+# --- Ragged batches ---------------------------------------------------------------------------
+
+def random_ragged(lengths: list[int], heads: int, head_dim: int, *, dtype=torch.float32,
+                  device="cpu", seed: int = 0) -> list[torch.Tensor]:
+    """One (length, heads, head_dim) tensor per sequence."""
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"lengths must be a non-empty list of positive ints, got {lengths}")
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, heads, head_dim, generator=gen).to(device=device, dtype=dtype) for n in lengths]
+
+
+def pack(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Concatenate sequences into (total_tokens, heads, head_dim) with int32 cumulative offsets
+    [0, n0, n0+n1, ...] and the longest length: the inputs of varlen_attn and of a jagged tensor."""
+    lengths = torch.tensor([s.shape[0] for s in seqs])
+    offsets = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    offsets[1:] = lengths.cumsum(0)
+    return torch.cat(seqs), offsets.to(seqs[0].device), int(lengths.max())
+
+
+def pad_with_mask(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad to the longest sequence: (batch, heads, max_len, head_dim) and a boolean key mask
+    (batch, 1, 1, max_len) that is True on real tokens, False on padding."""
+    padded = nn.utils.rnn.pad_sequence(seqs, batch_first=True)          # (B, L, H, D)
+    lengths = torch.tensor([s.shape[0] for s in seqs], device=padded.device)
+    keep = torch.arange(padded.shape[1], device=padded.device)[None, :] < lengths[:, None]
+    return padded.transpose(1, 2), keep[:, None, None, :]
+
+
+def padded_attention(seqs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Pad + mask, one SDPA call; returns each sequence's output with the padding cut off."""
+    x, keep = pad_with_mask(seqs)
+    out = F.scaled_dot_product_attention(x, x, x, attn_mask=keep).transpose(1, 2)   # (B, L, H, D)
+    return [o[: s.shape[0]] for o, s in zip(out, seqs)]
+
+
+def jagged_attention(seqs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A nested tensor with the jagged layout built from the packed values and offsets, one SDPA call."""
+    values, offsets, _ = pack(seqs)
+    nt = torch.nested.nested_tensor_from_jagged(values, offsets.to(torch.int64))     # (B, j, H, D)
+    out = F.scaled_dot_product_attention(nt.transpose(1, 2), nt.transpose(1, 2), nt.transpose(1, 2))
+    return list(out.transpose(1, 2).unbind())
+
+
+def loop_attention(seqs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One SDPA call per sequence: no padding, but one dispatch per sequence."""
+    return [F.scaled_dot_product_attention(*(s.transpose(0, 1)[None],) * 3)[0].transpose(0, 1) for s in seqs]
+
+
+def varlen_causal_kwargs() -> dict:
+    """How the installed varlen_attn asks for causal masking: 2.10 documents `is_causal=True`;
+    later releases replaced it with `window_size=(-1, 0)`."""
+    from torch.nn.attention.varlen import varlen_attn
+    params = inspect.signature(varlen_attn).parameters
+    return {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+
+
+def varlen_attention(seqs: list[torch.Tensor], causal: bool = False) -> list[torch.Tensor]:
+    """torch.nn.attention.varlen.varlen_attn on the packed batch (CUDA, fp16/bf16; `meta` for shapes)."""
+    from torch.nn.attention.varlen import varlen_attn
+    packed, offsets, longest = pack(seqs)
+    out = varlen_attn(packed, packed, packed, offsets, offsets, longest, longest,
+                      **(varlen_causal_kwargs() if causal else {}))
+    return list(out.split([s.shape[0] for s in seqs]))
+
+
+def reference_outputs(seqs: list[torch.Tensor], causal: bool = False) -> list[torch.Tensor]:
+    return [sdpa_reference(*(s.transpose(0, 1),) * 3, is_causal=causal).transpose(0, 1) for s in seqs]
+
+
+def max_error(outs: list[torch.Tensor], seqs: list[torch.Tensor], causal: bool = False) -> float:
+    """Largest absolute difference from the float64 reference over all sequences."""
+    if len(outs) != len(seqs):
+        raise ValueError(f"{len(outs)} outputs for {len(seqs)} sequences")
+    refs = reference_outputs(seqs, causal)
+    for o, r in zip(outs, refs):
+        if o.shape != r.shape:
+            raise ValueError(f"output shape {tuple(o.shape)} != reference shape {tuple(r.shape)}")
+    return max((o.double() - r.double()).abs().max().item() for o, r in zip(outs, refs))
+
+
+def wasted_fraction(lengths: list[int]) -> float:
+    """Share of a padded batch's attention scores (L_max^2 per sequence) spent on padding."""
+    longest = max(lengths)
+    return 1 - sum(n * n for n in lengths) / (len(lengths) * longest * longest)
+
+
+# --- A transformer block, eager and compiled --------------------------------------------------
+
+class Block(nn.Module):
+    """Pre-norm transformer block: attention through SDPA, then a 4x MLP."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.norm2(x))
+
+
+def compile_and_compare(batch: int, seq: int, dim: int = 128, heads: int = 4, *, repeats: int = 3,
+                        min_run_time: float = 0.1) -> dict:
+    """Eager vs torch.compile on one Block (inference, no_grad): compile time, max difference, timings."""
+    torch.manual_seed(0)
+    block = Block(dim, heads).eval()
+    x = torch.randn(batch, seq, dim)
+    compiled = torch.compile(block)
+    with torch.no_grad():
+        start = time.perf_counter()
+        got = compiled(x)
+        compile_s = time.perf_counter() - start
+        diff = (got - block(x)).abs().max().item()
+        result = bench.compare({"eager": lambda: block(x), "compiled": lambda: compiled(x)},
+                               baseline="eager", repeats=repeats, min_run_time=min_run_time)
+    result["compile_s"], result["max_abs_diff"], result["shape"] = compile_s, diff, [batch, seq, dim]
+    return result
+
+
+# --- Measurements -----------------------------------------------------------------------------
+
+def time_backends(seq_lens: list[int], batch: int = 1, heads: int = 4, head_dim: int = 64,
+                  backends=("MATH", "FLASH_ATTENTION"), repeats: int = 3, min_run_time: float = 0.05,
+                  dtype=torch.float32, device=None) -> dict:
+    """Median time per backend at each sequence length (causal self-attention), measured interleaved."""
+    device = device or "cpu"
+    rows = {}
+    for n in seq_lens:
+        q = torch.randn(batch, heads, n, head_dim, dtype=dtype, device=device)
+        def run(b):
+            def call():
+                with sdpa_kernel([_backend(b)]):
+                    F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            return call
+        r = bench.compare({b: run(b) for b in backends}, baseline=backends[0], repeats=repeats,
+                          min_run_time=min_run_time, device=device)
+        rows[n] = {b: r["results"][b]["median_s"] for b in backends}
+    return {"seq_lens": list(seq_lens), "backends": list(backends), "median_s": rows,
+            "batch": batch, "heads": heads, "head_dim": head_dim, "dtype": str(dtype),
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+def time_ragged(lengths: list[int], heads: int = 4, head_dim: int = 64, repeats: int = 3,
+                min_run_time: float = 0.05) -> dict:
+    """Padded + mask vs jagged nested tensor vs a loop, on one ragged batch."""
+    seqs = random_ragged(lengths, heads, head_dim)
+    r = bench.compare({"padded + mask": lambda: padded_attention(seqs),
+                       "jagged nested": lambda: jagged_attention(seqs),
+                       "loop per sequence": lambda: loop_attention(seqs)},
+                      baseline="padded + mask", repeats=repeats, min_run_time=min_run_time)
+    r["lengths"], r["wasted_fraction"] = list(lengths), wasted_fraction(lengths)
+    return r
+
+
+def benchmark(quick: bool = False) -> dict:
+    """`python -m helpers bench attention`: backends vs sequence length, ragged batches, compiled block."""
+    lens = [128, 512] if quick else [128, 256, 512, 1024, 2048]
+    ragged = [17, 40, 9, 128] if quick else [33, 500, 61, 1024, 12, 700, 90, 256]
+    return {"backends_vs_seq_len": time_backends(lens),
+            "ragged": time_ragged(ragged),
+            "compiled_block": compile_and_compare(1 if quick else 8, 32 if quick else 256)}

@@ -1,0 +1,291 @@
+"""Debugging and determinism: DebugMode traces and hash divergence, compile recompiles, a 2-process gloo job.
+
+    trace = debugging.hash_trace(model, x)                   # [(op name, hash), ...] via DebugMode
+    debugging.first_divergence(trace_a, trace_b)             # where two runs start to differ
+    debugging.run_gloo_job("mismatched_shapes", timeout_s=3) # {"rank 0": "...error text...", ...}
+
+DebugMode is `torch.utils._debug_mode.DebugMode` (new in 2.10, private: its module may move). The gloo
+job runs two processes on 127.0.0.1 only, with a collective timeout and a hard wall-clock limit, so it
+can never hang.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import multiprocessing as mp
+import os
+import queue
+import socket
+import tempfile
+import time
+import traceback
+from typing import Callable
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from helpers import bench
+
+
+# --- DebugMode: op traces and tensor hashes ----------------------------------------------------
+
+def op_trace(fn: Callable, *args) -> str:
+    """The aten ops fn(*args) dispatches, as DebugMode prints them."""
+    from torch.utils._debug_mode import DebugMode
+    with DebugMode() as mode:
+        fn(*args)
+    return mode.debug_string()
+
+
+def hash_trace(fn: Callable, *args, hash_fn: str = "norm") -> list[tuple[str, tuple[float, ...]]]:
+    """One (op name, output hashes) pair per dispatched op, from DebugMode.log_tensor_hashes.
+
+    hash_fn "norm" is a float summary (the L1 norm) that moves a little for a little numeric change;
+    "hash_tensor" is a bitwise XOR hash: equal only for identical bits."""
+    from torch.utils._debug_mode import DebugMode
+    with DebugMode() as mode, DebugMode.log_tensor_hashes(hash_fn=hash_fn):
+        fn(*args)
+    trace = []
+    for call in mode.operators:
+        if call.log and "hash" in call.log:
+            hashes = tuple(float(h) for h in tree_leaves(call.log["hash"]) if h is not None)
+            trace.append((str(getattr(call, "op", call)), hashes))
+    return trace
+
+
+def first_divergence(a: list, b: list, rtol: float = 0.0) -> dict | None:
+    """The first op whose output hashes differ by more than rtol (relative); None if none does.
+    Raises ValueError when the two runs did not dispatch the same ops (different programs)."""
+    if [name for name, _ in a] != [name for name, _ in b]:
+        names_a, names_b = [n for n, _ in a], [n for n, _ in b]
+        i = next((i for i, (x, y) in enumerate(zip(names_a, names_b)) if x != y), min(len(a), len(b)))
+        raise ValueError(f"the runs dispatched different ops (first at index {i}: "
+                         f"{names_a[i] if i < len(a) else 'end'} vs {names_b[i] if i < len(b) else 'end'}); "
+                         f"compare runs of the same program")
+    for i, ((name, ha), (_, hb)) in enumerate(zip(a, b)):
+        for x, y in zip(ha, hb):
+            rel = abs(x - y) / max(abs(x), abs(y), 1e-30)
+            if rel > rtol or (math.isnan(x) != math.isnan(y)):
+                return {"index": i, "op": name, "hash_a": x, "hash_b": y, "rel_diff": rel}
+    return None
+
+
+# --- Autograd anomaly detection ----------------------------------------------------------------
+
+def backward_error(loss_fn: Callable[[], torch.Tensor]) -> str | None:
+    """Run loss_fn().backward() under torch.autograd.detect_anomaly; the error text, or None."""
+    try:
+        with torch.autograd.detect_anomaly():
+            loss_fn().backward()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+# --- torch.compile: recompiles and generated code ----------------------------------------------
+
+def count_recompiles(fn: Callable[[], object]) -> list[str]:
+    """Run fn and return the guard-failure reasons of every recompile it triggered (the messages
+    TORCH_LOGS=recompiles prints; here collected instead of printed)."""
+    import logging
+
+    reasons: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            reasons.append(record.getMessage())
+
+    torch._logging.set_logs(recompiles=True)
+    logger = logging.getLogger("torch._dynamo.guards.__recompiles")
+    saved = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [Collect()], False
+    try:
+        fn()
+    finally:
+        logger.handlers, logger.propagate = saved
+        torch._logging.set_logs()
+    return reasons
+
+
+def inductor_code(fn: Callable, *args) -> str:
+    """The Python/C++ source Inductor generated for fn(*args) (compiled fresh)."""
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    _, code = run_and_get_code(torch.compile(fn), *args)
+    return "\n".join(code)
+
+
+# --- A 2-process gloo job on 127.0.0.1 ---------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scenario(name: str, rank: int) -> str:
+    """What each rank does; returns a line describing success (errors propagate)."""
+    import torch.distributed as dist
+    if name == "ok":
+        t = torch.ones(4) * (rank + 1)
+        dist.all_reduce(t)
+        return f"all_reduce ok: {t.tolist()}"
+    if name == "mismatched_shapes":        # rank 1 sends a different shape
+        t = torch.ones(4 if rank == 0 else 5)
+        dist.all_reduce(t)
+        return f"all_reduce returned {t.tolist()}"
+    if name == "missing_collective":       # rank 1 skips the collective: rank 0 waits until the timeout
+        if rank == 0:
+            t = torch.ones(4)
+            dist.all_reduce(t)
+            return f"all_reduce returned {t.tolist()}"
+        return "skipped the all_reduce"
+    raise ValueError(f"unknown scenario {name!r}; use 'ok', 'mismatched_shapes' or 'missing_collective'")
+
+
+SCENARIOS = ("ok", "mismatched_shapes", "missing_collective")
+
+
+def _worker(rank: int, world: int, port: int, scenario: str, timeout_s: float, stderr_path: str,
+            results) -> None:
+    err = open(stderr_path, "w")
+    os.dup2(err.fileno(), 2)             # C++ aborts print to fd 2: keep that text for the parent
+    import torch.distributed as dist
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            results.put((rank, "ok", _scenario(scenario, rank)))
+            if scenario == "missing_collective" and rank == 1:
+                time.sleep(timeout_s + 2)        # stay alive so rank 0's wait ends in a timeout, not a reset
+        finally:
+            dist.destroy_process_group()
+    except Exception as exc:   # report the error text to the parent, whatever it is
+        results.put((rank, type(exc).__name__, "".join(traceback.format_exception_only(exc)).strip()))
+
+
+def run_gloo_job(scenario: str, *, world_size: int = 2, timeout_s: float = 3.0, wall_limit_s: float = 60.0,
+                 env: dict | None = None) -> dict:
+    """Run `scenario` on `world_size` gloo processes on 127.0.0.1; returns, per rank, the status, the
+    text of its result or error, and what it printed to stderr (C++ aborts land there).
+
+    The ranks are spawned by a separate launcher process (`python -m helpers.debugging`), so nothing of
+    the job (processes, queues, pipes) lives in the caller, e.g. a notebook kernel; the launcher's whole
+    process group is killed after wall_limit_s. timeout_s: the process group's collective timeout.
+    env: extra environment for the ranks (e.g. TORCH_DISTRIBUTED_DEBUG), set before they start because
+    torch reads some switches at import.
+    """
+    import json
+    import signal
+    import subprocess
+    import sys
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; use one of {', '.join(SCENARIOS)}")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        raise RuntimeError("this torch build has no gloo backend (torch.distributed.is_gloo_available() is False)")
+    cmd = [sys.executable, "-m", "helpers.debugging", scenario, str(world_size), str(timeout_s), str(wall_limit_s)]
+    launcher = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, **(env or {})}, start_new_session=True, text=True,
+                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        out, err = launcher.communicate(timeout=wall_limit_s + 30)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.communicate()
+        return {f"rank {r}": {"status": "killed", "text": f"job still running after {wall_limit_s:.0f} s",
+                              "stderr": []} for r in range(world_size)}
+    if launcher.returncode != 0:
+        raise RuntimeError(f"the gloo launcher failed (exit {launcher.returncode}): {err.strip()[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _launch_ranks(scenario: str, world_size: int, timeout_s: float, wall_limit_s: float) -> dict:
+    """Spawn the ranks in this (launcher) process and collect their outcomes."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    env = {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [os.path.join(tmp, f"rank{r}.err") for r in range(world_size)]
+        procs = [ctx.Process(target=_worker, args=(r, world_size, port, scenario, timeout_s, logs[r], results))
+                 for r in range(world_size)]
+        os.environ.update(env)
+        for p in procs:
+            p.start()
+        outcome: dict[str, dict] = {}
+        deadline = time.monotonic() + wall_limit_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for r, p in enumerate(procs):
+            if p.is_alive():
+                p.kill()
+                p.join()
+                outcome[f"rank {r}"] = {"status": "killed", "text": f"still running after {wall_limit_s:.0f} s"}
+        while True:
+            try:
+                rank, status, text = results.get(timeout=0.5)
+            except queue.Empty:
+                break
+            outcome[f"rank {rank}"] = {"status": status, "text": text}
+        for r, p in enumerate(procs):
+            outcome.setdefault(f"rank {r}", {"status": "no report", "text": f"exit code {p.exitcode}"})
+            text = open(logs[r]).read() if os.path.exists(logs[r]) else ""
+            outcome[f"rank {r}"]["stderr"] = [line for line in text.splitlines()
+                                              if line.strip() and not line.startswith("USDT")]
+    return dict(sorted(outcome.items()))
+
+
+# --- TorchScript deprecation -------------------------------------------------------------------
+
+def torchscript_warnings(module: torch.nn.Module, example: torch.Tensor, path: str) -> list[str]:
+    """Script, trace, save and load `module`; return the warnings torch emitted, in order, once each."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.jit.script(module)
+        traced = torch.jit.trace(module, example)
+        torch.jit.save(traced, path)
+        torch.jit.load(path)
+    seen: list[str] = []
+    for w in caught:
+        line = f"{w.category.__name__}: {w.message}"
+        if line not in seen:
+            seen.append(line)
+    return seen
+
+
+def benchmark(quick: bool = False) -> dict:
+    """`python -m helpers bench debugging`: what DebugMode and anomaly detection cost on a small MLP."""
+    from torch.utils._debug_mode import DebugMode
+    width = 64 if quick else 256
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, 1))
+    x = torch.randn(32, width)
+
+    def plain():
+        model(x).sum().backward()
+
+    def debug_mode():
+        with DebugMode():
+            model(x).sum().backward()
+
+    def hashes():
+        with DebugMode(), DebugMode.log_tensor_hashes():
+            model(x).sum().backward()
+
+    def anomaly():
+        with torch.autograd.detect_anomaly(check_nan=True):
+            model(x).sum().backward()
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # detect_anomaly warns on every entry
+        return bench.compare({"plain": plain, "DebugMode": debug_mode, "DebugMode + hashes": hashes,
+                              "detect_anomaly": anomaly}, repeats=3 if quick else 5,
+                             min_run_time=0.02 if quick else 0.1)
+
+
+if __name__ == "__main__":      # the gloo launcher: python -m helpers.debugging SCENARIO WORLD TIMEOUT WALL_LIMIT
+    import json
+    import sys
+    name, world, timeout, wall = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    print(json.dumps(_launch_ranks(name, world, timeout, wall)))
