@@ -156,3 +156,15 @@ def test_warmup_lab_solution_passes_its_checks_in_the_browser(server, browser):
     finally:
         shoot(page, "00_warmup_lab")
         page.close()
+
+
+def test_feature_lesson_renders_its_figures(server, browser):
+    page = run_notebook(server, browser, "notebooks/03_grouped_gemm_moe.ipynb")
+    try:
+        assert_no_errors(page)
+        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+        assert page.locator(".js-plotly-plot").count() >= 2
+        assert page.locator(".widget-slider, .widget-hslider").count() >= 1
+    finally:
+        shoot(page, "03_grouped_gemm_moe")
+        page.close()
