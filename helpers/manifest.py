@@ -54,6 +54,9 @@ def verdict(item: dict, caps: Capabilities | None = None) -> tuple[str, list[str
 def readme_table() -> str:
     rows = ["| # | Notebook | What you learn | Hardware | Time |", "|---|---|---|---|---|"]
     for item in entries():
-        rows.append(f"| {item['id'][:2]} | [{item['title']}]({item['path']}) | {item['learn']} | "
-                    f"{hardware(item)} | {item['minutes']} min |")
+        link = f"[{item['title']}]({item['path']})"
+        if item["kind"] == "lab":    # learners open the student copy; the solution is linked beside it
+            student = Path(item["path"]).parent.parent / Path(item["path"]).name
+            link = f"[{item['title']}]({student.as_posix()}) ([solution]({item['path']}))"
+        rows.append(f"| {item['id'][:2]} | {link} | {item['learn']} | {hardware(item)} | {item['minutes']} min |")
     return "\n".join(rows)
