@@ -31,7 +31,7 @@ browser:
 	else echo "Chromium not found: the browser tests will be skipped (apt-get install chromium)"; fi; }
 
 test: setup browser
-	LABS_QUICK=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
+	LABS_QUICK=1 LABS_HEADLESS=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
 
 lab: setup
 	$(BIN)/python -m jupyter lab --ip 127.0.0.1 --no-browser --IdentityProvider.token="$$($(BIN)/python -c 'import secrets; print(secrets.token_hex(16))')" $(if $(filter 0,$(shell id -u)),--allow-root,)

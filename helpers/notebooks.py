@@ -16,6 +16,7 @@ Labs: the authored source `labs/solutions/NN_topic_lab.ipynb` marks each solutio
 from __future__ import annotations
 
 import copy
+import os
 import re
 from pathlib import Path
 
@@ -149,6 +150,8 @@ def build_labs(paths: list[Path] | None = None) -> list[Path]:
 def fix(path: Path, timeout: int = 600) -> list[str]:
     """Execute a notebook in quick mode and rewrite it under the outputs policy; returns problems left."""
     import papermill
+    from helpers.interactive import HEADLESS_ENV
+    os.environ[HEADLESS_ENV] = "1"      # the kernel inherits it: widgets cannot stall the run
     nb = normalize(read(path))
     write(nb, path)
     executed = papermill.execute_notebook(str(path), None, parameters={"QUICK": True}, cwd=str(path.parent),

@@ -51,7 +51,8 @@ def server(tmp_path_factory):
     for folder in ("notebooks", "labs"):
         shutil.copytree(REPO / folder, root / folder)
     token, port = secrets.token_hex(16), free_port()
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), LABS_QUICK="1",
+    env = {k: v for k, v in os.environ.items() if k != "LABS_HEADLESS"}   # real widgets here
+    env.update(JUPYTER_CONFIG_DIR=str(home / "config"), LABS_QUICK="1",
                JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"), JUPYTER_RUNTIME_DIR=str(home / "runtime"))
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",

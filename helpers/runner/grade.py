@@ -30,6 +30,7 @@ import torch
 
 from helpers.checks import CheckFailed, check_close, check_equal
 from helpers.device import capabilities
+from helpers.interactive import HEADLESS_ENV
 from helpers.runner.grading_specs import Case, Exercise, LabSpec, spec_for
 from helpers.runner.job import REPO, _kill, _rss_mb, _tree
 
@@ -56,7 +57,7 @@ def find_submissions(folder: str | Path) -> dict[str, Path]:
 
 def _run_sandbox(job: dict, time_limit: float, memory_limit_mb: float) -> str | None:
     """Run the sandbox once; returns why it stopped early ("timeout", "memory", "exit N") or None."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"])}
+    env = {**os.environ, HEADLESS_ENV: "1", "OMP_NUM_THREADS": str(job["threads"])}
     with open(Path(job["workdir"]) / "sandbox.log", "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "helpers.runner.sandbox", job["path"]], cwd=job["workdir"],
                                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, env=env)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import psutil
 
+from helpers.interactive import HEADLESS_ENV
+
 REPO = Path(__file__).resolve().parent.parent.parent
 SECTION_LOG_ENV = "LABS_SECTION_LOG"    # the same name as helpers.device.SECTION_LOG_ENV (no torch here)
 POLL_SECONDS = 0.1
@@ -181,7 +183,7 @@ def execute_job(job: dict) -> dict:
                     "result": str(workdir / "result.json")}
             (workdir / "job.json").write_text(json.dumps(spec))
             log = workdir / "sections.jsonl"
-            env = {**os.environ, SECTION_LOG_ENV: str(log), "PYTHONUNBUFFERED": "1"}
+            env = {**os.environ, SECTION_LOG_ENV: str(log), HEADLESS_ENV: "1", "PYTHONUNBUFFERED": "1"}
             with open(workdir / "driver.log", "wb") as driver_log:
                 driver = subprocess.Popen([sys.executable, "-m", "helpers.runner.drive", str(workdir / "job.json")],
                                           cwd=str(REPO), env=env, stdout=subprocess.DEVNULL, stderr=driver_log,
