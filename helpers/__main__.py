@@ -46,7 +46,7 @@ def cmd_run(args) -> int:
         return 130
     for rec in summary["notebooks"]:
         ran = sum(s["ran"] for s in rec["sections"])
-        peak = f"{rec['peak_rss_mb']:>5.0f} MB" if rec.get("peak_rss_mb") is not None else "    ? MB"
+        peak = f"{rec['peak_memory_mb']:>5.0f} MB" if rec.get("peak_memory_mb") is not None else "    ? MB"
         print(f"{rec['status']:>7}  {rec['seconds']:>6.1f} s  {peak}  {rec['path']}  "
               f"(sections run {ran}, skipped {len(rec['sections']) - ran})"
               + ("  [kept from the earlier run]" if rec.get("resumed") else ""))

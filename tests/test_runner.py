@@ -50,9 +50,9 @@ def test_each_fault_is_classified(fault_run, name):
         # the cell that raised, hung or killed the kernel, by its index in the submitted notebook
         assert record["error"]["cell"] == 3 and record["error"]["source"]
     if name != "malformed":
-        assert record["peak_rss_mb"] > 10 and record["executed"].startswith("notebooks/")
+        assert record["peak_memory_mb"] > 10 and record["executed"].startswith("notebooks/")
     if name == "memory_hog":
-        assert record["peak_rss_mb"] > 500
+        assert record["peak_memory_mb"] > 500
 
 
 def test_record_report_and_executed_notebooks_are_on_disk(fault_run):

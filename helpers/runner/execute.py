@@ -135,7 +135,7 @@ def _failed_job(job: dict, exc: BaseException) -> dict:
         "path": job["path"], "status": "failed", "fault": "runner-error",
         "detail": f"{type(exc).__name__}: {exc}"[:500],
         "error": {"ename": type(exc).__name__, "evalue": str(exc)[:500]},
-        "sections": [], "peak_rss_mb": None, "started": now, "finished": now, "seconds": 0.0, "worker": "?"}}
+        "sections": [], "peak_memory_mb": None, "started": now, "finished": now, "seconds": 0.0, "worker": "?"}}
 
 
 def run_collection(paths: list[str] | None = None, *, out_dir: str | Path, parameters: dict | None = None,

@@ -32,7 +32,7 @@ from helpers.checks import CheckFailed, check_close, check_equal
 from helpers.device import capabilities
 from helpers.interactive import HEADLESS_ENV
 from helpers.runner.grading_specs import Case, Exercise, LabSpec, spec_for
-from helpers.runner.job import REPO, _kill, _rss_mb, _tree
+from helpers.runner.job import REPO, _kill, _memory_mb, _tree
 
 PROTECTED = [REPO / "labs" / "solutions", REPO / "helpers" / "runner" / "grading_specs.py"]
 
@@ -65,7 +65,7 @@ def _run_sandbox(job: dict, time_limit: float, memory_limit_mb: float) -> str | 
     watched, deadline, stopped = psutil.Process(proc.pid), time.time() + time_limit, None
     while proc.poll() is None:
         tree = [watched] + _tree(watched)
-        if _rss_mb(tree) > memory_limit_mb:
+        if _memory_mb(tree) > memory_limit_mb:
             stopped = "memory"
         elif time.time() > deadline:
             stopped = "timeout"

@@ -57,11 +57,19 @@ def _tree(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def _rss_mb(procs: list[psutil.Process]) -> float:
+def _memory_mb(procs: list[psutil.Process]) -> float:
+    """Memory of a process tree: the sum of proportional set sizes (shared pages, such as torch's
+    libraries mapped by every process, counted once across the tree), or of RSS where PSS is unknown."""
     total = 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            info = p.memory_full_info()
+            total += getattr(info, "pss", info.rss)
+        except psutil.AccessDenied:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
         except psutil.Error:
             pass
     return total / 2**20
@@ -166,7 +174,7 @@ def execute_job(job: dict) -> dict:
     """Execute one notebook; returns {"record": {...}, "notebook": executed .ipynb text or None}."""
     started = time.time()
     record = {"path": job["path"], "status": "failed", "fault": None, "detail": "", "error": None,
-              "sections": [], "peak_rss_mb": None, "started": started,
+              "sections": [], "peak_memory_mb": None, "started": started,
               "worker": f"{socket.gethostname()}/{threading.current_thread().name}"}
     notebook_text = None
     with tempfile.TemporaryDirectory(prefix="labs-run-") as tmp:
@@ -194,7 +202,7 @@ def execute_job(job: dict) -> dict:
             while driver.poll() is None:
                 for p in _tree(proc):
                     seen[p.pid] = p
-                peak = max(peak, _rss_mb(list(seen.values())))
+                peak = max(peak, _memory_mb(list(seen.values())))
                 limit = job.get("memory_limit_mb")
                 if limit and peak > limit:
                     stopped = "memory"
@@ -210,7 +218,7 @@ def execute_job(job: dict) -> dict:
             result = {}
             if (workdir / "result.json").exists():
                 result = json.loads((workdir / "result.json").read_text())
-            record["peak_rss_mb"] = round(max(peak, result.get("kernel_max_rss_mb") or 0.0), 1)
+            record["peak_memory_mb"] = round(max(peak, result.get("kernel_max_rss_mb") or 0.0), 1)
             record["fault"], record["detail"] = _classify(result, stopped, job, peak)
             if record["fault"] == "runner-error" and not result:
                 record["detail"] += ": " + (workdir / "driver.log").read_text()[-800:]

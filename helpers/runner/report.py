@@ -24,7 +24,7 @@ def timeline(summary: dict):
             orientation="h", name=status, marker_color=COLORS[status],
             y=[r["path"] for r in rows], base=[r["started"] - start for r in rows],
             x=[r["finished"] - r["started"] for r in rows],
-            customdata=[[r.get("fault") or "", r.get("worker", ""), r.get("peak_rss_mb") or 0] for r in rows],
+            customdata=[[r.get("fault") or "", r.get("worker", ""), r.get("peak_memory_mb") or 0] for r in rows],
             hovertemplate="%{y}<br>%{x:.1f} s from %{base:.1f} s<br>%{customdata[0]}<br>"
                           "worker %{customdata[1]}<br>peak %{customdata[2]:.0f} MB<extra></extra>"))
     fig.update_layout(title="When each notebook ran (seconds from the start of the run)", barmode="overlay",
@@ -65,7 +65,7 @@ def report_html(summary: dict, plotly_src: str = "plotly.min.js") -> str:
         link = (f"<a href='{html.escape(r['executed'])}'>{html.escape(r['path'])}</a>" if r.get("executed")
                 else html.escape(r["path"]))
         status = r["status"] + (" (kept from an earlier run)" if r.get("resumed") else "")
-        peak = "" if r.get("peak_rss_mb") is None else f"{r['peak_rss_mb']:.0f} MB"
+        peak = "" if r.get("peak_memory_mb") is None else f"{r['peak_memory_mb']:.0f} MB"
         rows.append(
             f"<tr class='{r['status']}'><td>{link}</td><td>{status}</td><td>{html.escape(r.get('fault') or '')}</td>"
             f"<td>{r['seconds']:.1f} s</td><td>{peak}</td>"

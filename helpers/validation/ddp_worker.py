@@ -24,6 +24,7 @@ def main(rank: int, world: int, port: int, out_dir: str, timeout_s: int) -> None
         x, y = ddp_shard(rank, world)
         F.mse_loss(model(x), y).backward()        # DDP averages the gradients across ranks here
         torch.save([p.grad for p in model.parameters()], Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()          # both ranks are done before either tears gloo down
     finally:
         dist.destroy_process_group()
 
