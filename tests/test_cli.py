@@ -26,7 +26,7 @@ def test_doctor_html_has_the_same_rows():
     assert "<table>" in page and capabilities().torch_version in page and "capabilities missing" in text
 
 
-def test_unknown_command_and_notebook_fail_clearly():
+def test_unknown_command_and_notebook_fail_clearly(tmp_path):
     assert run("frobnicate").returncode == 2
-    done = run("run", "notebooks/nope.ipynb", "--out", "/tmp/labs-cli-test")
+    done = run("run", "notebooks/nope.ipynb", "--out", str(tmp_path / "run"))
     assert done.returncode != 0 and "not in helpers/manifest.json: notebooks/nope.ipynb" in done.stderr
