@@ -22,6 +22,7 @@ import torch
 import torch.utils.benchmark as tbench
 
 from helpers.device import capabilities, pick_device, synchronize
+from helpers.files import write_text_atomic
 
 
 def _timed(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
@@ -101,12 +102,7 @@ def _fmt(seconds: float) -> str:
 
 def save_json(result: dict, path: str | os.PathLike) -> Path:
     """Write atomically (temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(path)
-    return path
+    return write_text_atomic(json.dumps(result, indent=2), path)
 
 
 def plot(result: dict, title: str = "Median time per call (error bars: min to max over repeats)"):

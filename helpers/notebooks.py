@@ -22,6 +22,8 @@ from pathlib import Path
 
 import nbformat
 
+from helpers.files import write_text_atomic
+
 REPO = Path(__file__).resolve().parent.parent
 NBVAL_TAG = "nbval-check-output"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -33,10 +35,7 @@ def read(path: str | Path) -> nbformat.NotebookNode:
 
 
 def write(nb: nbformat.NotebookNode, path: str | Path) -> None:
-    path = Path(path)
-    tmp = path.with_suffix(".tmp")
-    nbformat.write(nb, str(tmp))
-    tmp.replace(path)
+    write_text_atomic(nbformat.writes(nb) + "\n", path)
 
 
 def _tags(cell) -> list[str]:

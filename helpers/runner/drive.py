@@ -9,17 +9,11 @@ Imports no torch: it starts in a fraction of a second, and its own memory stays 
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 from pathlib import Path
 
-
-def write_json_atomic(data: dict, path: str | Path) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+from helpers.files import write_text_atomic
 
 
 def drive(job: dict) -> dict:
@@ -58,7 +52,7 @@ def drive(job: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
-    write_json_atomic(drive(job), job["result"])
+    write_text_atomic(json.dumps(drive(job)), job["result"])
     return 0
 
 

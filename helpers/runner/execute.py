@@ -10,13 +10,13 @@ report.html.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from helpers.device import capabilities, skip_reason
+from helpers.files import write_text_atomic
 from helpers.manifest import REPO, entries
 from helpers.runner.job import execute_job, make_job, stop_all
 
@@ -75,19 +75,12 @@ def _executed_path(out_dir: Path, key: str) -> Path:
     return out_dir / "notebooks" / (rel if not rel.is_absolute() else Path("external") / rel.name)
 
 
-def _write_atomic(text: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _finish(done: dict, out_dir: Path, declared: dict) -> dict:
     """Store one job's executed notebook and complete its record with the section guard."""
     record = done["record"]
     executed = _executed_path(out_dir, record["path"])
     if done["notebook"] is not None:
-        _write_atomic(done["notebook"], executed)
+        write_text_atomic(done["notebook"], executed)
         record["executed"] = str(executed.relative_to(out_dir))
     record["problems"] = []
     if record["path"] in declared:
@@ -198,7 +191,7 @@ def run_collection(paths: list[str] | None = None, *, out_dir: str | Path, param
                        passed=sum(r["status"] == "passed" for r in ordered),
                        failed=sum(r["status"] != "passed" for r in ordered), faults=faults,
                        resumed=sum(bool(r.get("resumed")) for r in ordered), notebooks=ordered)
-        _write_atomic(json.dumps(summary, indent=2), out_dir / "record.json")
+        write_text_atomic(json.dumps(summary, indent=2), out_dir / "record.json")
         return summary
 
     work = _local(jobs, workers) if executor == "local" else _dask(jobs, scheduler)

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import torch
 
 from helpers.checks import CheckFailed, check_close, check_equal
 from helpers.device import capabilities
+from helpers.files import write_text_atomic
 from helpers.interactive import HEADLESS_ENV
 from helpers.runner.grading_specs import Case, Exercise, LabSpec, spec_for
 from helpers.runner.job import REPO, _kill, _memory_mb, _tree
@@ -244,11 +244,6 @@ def _feedback(row: dict, spec: LabSpec, run: dict) -> str:
     return "\n".join(text) + "\n"
 
 
-def _atomic(text: str, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
 
 def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path | None = None,
                       workers: int | None = None, time_limit: float = 120, memory_limit_mb: float = 2048,
@@ -286,7 +281,7 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
                 row = {"student": student, "scores": {e.title: 0.0 for e in spec.exercises}, "total": 0.0,
                        "max": sum(e.points for e in spec.exercises), "status": "results unreadable",
                        "flags": run["flags"], "lines": [f"❌ the grader could not read the results ({exc})"]}
-            _atomic(_feedback(row, spec, run), out / "feedback" / f"{student}.md")
+            write_text_atomic(_feedback(row, spec, run), out / "feedback" / f"{student}.md")
             return row
 
         with ThreadPoolExecutor(max_workers=workers) as pool, \
@@ -302,5 +297,5 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
     for row in rows:
         writer.writerow([row["student"], *[row["scores"][t] for t in titles], row["total"], row["max"],
                          row["status"], "; ".join(row["flags"])])
-    _atomic(buffer.getvalue(), out / "scores.csv")
+    write_text_atomic(buffer.getvalue(), out / "scores.csv")
     return {"students": rows, "csv": str(out / "scores.csv"), "feedback_dir": str(out / "feedback")}

@@ -4,9 +4,9 @@ plotly.js is written once beside it (plotly.min.js), so the page works offline."
 from __future__ import annotations
 
 import html
-import os
-import uuid
 from pathlib import Path
+
+from helpers.files import write_text_atomic
 
 COLORS = {"passed": "#2e7d32", "failed": "#c62828"}
 
@@ -100,13 +100,8 @@ def write_report(summary: dict, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     js = out_dir / "plotly.min.js"
     if not js.exists():
-        _atomic(get_plotlyjs(), js)
+        write_text_atomic(get_plotlyjs(), js)
     path = out_dir / "report.html"
-    _atomic(report_html(summary), path)
+    write_text_atomic(report_html(summary), path)
     return path
 
-
-def _atomic(text: str, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

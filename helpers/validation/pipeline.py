@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from helpers.bench import save_json
 from helpers.device import capabilities, pick_device
+from helpers.files import write_text_atomic
 from helpers.validation.upgrade import CHECKS
 from helpers.validation.workloads import WORKLOADS
 
@@ -218,8 +219,5 @@ def write_report(report: dict, path: str | Path) -> Path:
     page = (f"<html><head><meta charset='utf-8'><title>Validation report</title></head><body>"
             f"<h1>Validation report</h1><pre>{html.escape(table(report))}</pre>"
             f"{chart(report).to_html(full_html=False, include_plotlyjs=True)}</body></html>")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(page)
-    tmp.replace(path)
+    write_text_atomic(page, path)
     return path
