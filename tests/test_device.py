@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import device
-from helpers.device import Capabilities, NEEDS, missing, pick_device, probe, requires, skip_reason
+from helpers.device import NEEDS, missing, pick_device, probe, requires, skip_reason
 
 
 def fake_torch(accelerator=None, hip=None, cuda="12.8", props=None, xpu_compiled=False, with_accelerator_api=True):

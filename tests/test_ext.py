@@ -3,7 +3,6 @@ build-and-load helper and its error messages, and the lab op's checks.
 
 The C++ build is shared with the lesson through the cache (one build per source per machine)."""
 import os
-import sys
 from pathlib import Path
 
 import pytest

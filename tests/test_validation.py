@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from helpers.__main__ import main
 from helpers.validation import compare_runs, load_run, run_pipeline, save_run, table, write_report

@@ -68,7 +68,7 @@ class EncoderLayer(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(dim, ffn), nn.GELU(), nn.Linear(ffn, dim))
 
     def forward(self, x, attn_mask=None):
-        b, d = x.size(0), x.size(-1)
+        d = x.size(-1)
         # (B, T, D) -> (B, H, T, D/H); for a jagged tensor T is the ragged dimension. Jagged SDPA
         # needs each of q, k, v contiguous before the transpose, hence the copy after chunk.
         q, k, v = (t.contiguous().unflatten(-1, (self.heads, d // self.heads)).transpose(1, 2)
