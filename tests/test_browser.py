@@ -6,6 +6,7 @@ LABS_QUICK=1. For each notebook: open it, wait until its kernel is connected and
 errored, that plotly figures and widgets rendered, and (lesson 00) that moving a slider round-trips to
 the kernel. Screenshots go to runs/browser/.
 """
+import contextlib
 import json
 import os
 import secrets
@@ -117,21 +118,23 @@ def run_notebook(server, browser, path, timeout=240):
     return page
 
 
-def shoot(page, name):
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
-
-
-def assert_no_errors(page):
-    outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
-    errors = [o for o in outputs if "Traceback (most recent call last)" in o]
-    assert errors == [], errors[0][-2000:] if errors else ""
+@contextlib.contextmanager
+def executed(server, browser, path):
+    """The notebook opened and run in the browser, checked for tracebacks; screenshot and close after."""
+    page = run_notebook(server, browser, path)
+    try:
+        outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
+        errors = [o for o in outputs if "Traceback (most recent call last)" in o]
+        assert errors == [], errors[0][-2000:] if errors else ""
+        yield page
+    finally:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"{Path(path).stem}.png"), full_page=False)
+        page.close()
 
 
 def test_start_here_renders_figures_and_widgets_round_trip(server, browser):
-    page = run_notebook(server, browser, "notebooks/00_start_here.ipynb")
-    try:
-        assert_no_errors(page)
+    with executed(server, browser, "notebooks/00_start_here.ipynb") as page:
         page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
         assert page.locator(".js-plotly-plot").count() >= 1
         slider = page.locator(".widget-slider .noUi-handle, .widget-hslider .noUi-handle").first
@@ -143,29 +146,16 @@ def test_start_here_renders_figures_and_widgets_round_trip(server, browser):
         out.get_by_text("2^10 floats per tensor").wait_for(timeout=60_000)
         page.get_by_text("SKIPPED section 'Accelerator details'").or_(
             page.get_by_text("Section 'Accelerator details' runs here")).first.wait_for(timeout=5_000)
-    finally:
-        shoot(page, "00_start_here")
-        page.close()
 
 
 def test_warmup_lab_solution_passes_its_checks_in_the_browser(server, browser):
-    page = run_notebook(server, browser, "labs/solutions/00_warmup_lab.ipynb")
-    try:
-        assert_no_errors(page)
+    with executed(server, browser, "labs/solutions/00_warmup_lab.ipynb") as page:
         outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
         assert outputs.count(": passed") == 4 and "❌" not in outputs
-    finally:
-        shoot(page, "00_warmup_lab")
-        page.close()
 
 
 def test_feature_lesson_renders_its_figures(server, browser):
-    page = run_notebook(server, browser, "notebooks/03_grouped_gemm_moe.ipynb")
-    try:
-        assert_no_errors(page)
+    with executed(server, browser, "notebooks/03_grouped_gemm_moe.ipynb") as page:
         page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
         assert page.locator(".js-plotly-plot").count() >= 2
         assert page.locator(".widget-slider, .widget-hslider").count() >= 1
-    finally:
-        shoot(page, "03_grouped_gemm_moe")
-        page.close()
