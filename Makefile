@@ -1,13 +1,18 @@
 # The two commands: `make run` (execute the collection in quick mode, write a report) and `make test`.
-# ENV picks the environments/ file: cpu (default), cuda, rocm, xpu, free-threaded.
+# ENV picks the environments/ file and its venv: cpu (default, .venv), cuda, latest, minimal, rocm, xpu,
+# free-threaded (.venv-ENV). `make matrix` runs the quick collection and nbval in several environments
+# and merges their records into one report (runs/matrix/).
 PYTHON ?= python3
 ENV ?= cpu
-VENV ?= .venv
+venv_of = $(if $(filter cpu,$(1)),.venv,.venv-$(1))
+VENV ?= $(call venv_of,$(ENV))
 BIN := $(VENV)/bin
 REQS := environments/$(ENV).txt
 WORKERS ?= 2
 
-.PHONY: setup browser run test lab doctor labs clean
+MATRIX_ENVS ?= cpu cuda latest minimal
+
+.PHONY: setup browser run test matrix matrix-env lab doctor labs clean
 
 setup: $(VENV)/.installed-$(ENV)
 
@@ -32,6 +37,20 @@ browser:
 
 test: setup browser
 	LABS_QUICK=1 LABS_HEADLESS=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
+
+# One environment of the matrix: the quick collection (record, sections, peak memory) and nbval on the
+# stored outputs, into runs/matrix/$(ENV)/. A failure is recorded there and reported by `make matrix`.
+matrix-env: setup
+	rm -rf runs/matrix/$(ENV) && mkdir -p runs/matrix/$(ENV)
+	-$(BIN)/python -m helpers run --label $(ENV) --workers $(WORKERS) --out runs/matrix/$(ENV) --no-progress
+	-LABS_QUICK=1 LABS_HEADLESS=1 $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile notebooks labs/solutions \
+	  --junitxml runs/matrix/$(ENV)/nbval.xml >runs/matrix/$(ENV)/nbval.log 2>&1; tail -3 runs/matrix/$(ENV)/nbval.log
+
+# Every environment of MATRIX_ENVS, then one report: runs/matrix/matrix.html and matrix.json. The exit
+# status is that of the report: 0 only when every notebook passed its quick run and nbval everywhere.
+matrix:
+	for env in $(MATRIX_ENVS); do $(MAKE) --no-print-directory matrix-env ENV=$$env || exit 1; done
+	$(call venv_of,$(lastword $(MATRIX_ENVS)))/bin/python -m helpers report $(addprefix runs/matrix/,$(MATRIX_ENVS)) --out runs/matrix
 
 lab: setup
 	$(BIN)/python -m jupyter lab --ip 127.0.0.1 --no-browser --IdentityProvider.token="$$($(BIN)/python -c 'import secrets; print(secrets.token_hex(16))')" $(if $(filter 0,$(shell id -u)),--allow-root,)

@@ -1,4 +1,4 @@
-"""Command line: python -m helpers {doctor, run, grade, bench, notebooks, labs, validate}."""
+"""Command line: python -m helpers {doctor, run, report, grade, bench, notebooks, labs, validate}."""
 from __future__ import annotations
 
 import argparse
@@ -37,7 +37,8 @@ def cmd_run(args) -> int:
         summary = run_collection(args.notebooks or None, out_dir=out, parameters=parameters, workers=args.workers,
                                  cell_timeout=args.cell_timeout, notebook_timeout=args.timeout,
                                  memory_limit_mb=args.memory_limit, executor=args.executor,
-                                 scheduler=args.scheduler, resume=args.resume, progress=args.progress)
+                                 scheduler=args.scheduler, resume=args.resume, progress=args.progress,
+                                 label=args.label)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -60,6 +61,20 @@ def cmd_run(args) -> int:
           f"({summary['workers']} workers, {summary['executor']}); record: {out / 'record.json'}; "
           f"report: {out / 'report.html'}")
     return 0 if summary["failed"] == 0 else 1
+
+
+def cmd_report(args) -> int:
+    """python -m helpers report RUN_DIR...: one matrix of notebooks by environments (HTML and JSON)."""
+    from helpers.runner.matrix import matrix_text, merge_runs, write_matrix
+    try:
+        matrix = merge_runs(args.run_dirs)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(matrix_text(matrix))
+    html_path, json_path = write_matrix(matrix, args.out)
+    print(f"written: {html_path}, {json_path}")
+    return 0 if all(r["status"] == "passed" and r["nbval"] != "failed" for r in matrix["results"]) else 1
 
 
 def cmd_grade(args) -> int:
@@ -93,12 +108,36 @@ def cmd_bench(args) -> int:
 
 def cmd_notebooks(args) -> int:
     from helpers import notebooks
+    if args.action == "verified":
+        return _write_verified(args)
+    if not args.paths:
+        raise SystemExit("notebooks fix needs the notebooks to execute and rewrite")
     failed = 0
     for path in map(Path, args.paths):
         problems = notebooks.fix(path)
         print(f"{path}: {'ok' if not problems else '; '.join(problems)}")
         failed += bool(problems)
     return 1 if failed else 0
+
+
+def _write_verified(args) -> int:
+    """notebooks verified --matrix M.json [PATHS]: each card's "Verified with torch" from a merged matrix."""
+    from helpers import manifest, notebooks
+    if not args.matrix:
+        raise SystemExit("notebooks verified needs --matrix runs/matrix/matrix.json (python -m helpers report)")
+    matrix = json.loads(Path(args.matrix).read_text())
+    date = time.strftime("%Y-%m-%d", time.localtime(Path(args.matrix).stat().st_mtime))
+    paths = [Path(p) for p in args.paths] or [manifest.REPO / e["path"] for e in manifest.entries()]
+    labs = []
+    for path in paths:
+        changed = notebooks.write_verified(path, matrix, date)
+        print(f"{path}: {notebooks.verified_versions(matrix, str(path.resolve().relative_to(manifest.REPO))) or 'none'}"
+              + ("" if changed else " (unchanged)"))
+        if changed and path.parent.name == "solutions":
+            labs.append(path)
+    for path in notebooks.build_labs(labs) if labs else []:
+        print(f"wrote {path}")
+    return 0
 
 
 def cmd_labs(args) -> int:
@@ -156,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
                      help="local processes (default) or a Dask cluster (with --scheduler)")
     run.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
     run.add_argument("--resume", action="store_true", help="keep the notebooks that passed in --out's record")
+    run.add_argument("--label", default="", help="name of this environment or machine in merged reports "
+                                                 "(python -m helpers report), e.g. cuda or room-pc2")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
+    report = sub.add_parser("report", help="merge run folders from several environments or machines into one "
+                                           "matrix: HTML and JSON")
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders written by `run --out`")
+    report.add_argument("--out", default="runs/matrix", help="output folder (default runs/matrix)")
     grade = sub.add_parser("grade", help="grade a folder of lab submissions; writes scores.csv and feedback")
     grade.add_argument("lab", help="lab id or path, e.g. 00_warmup_lab (see helpers/runner/grading_specs.py)")
     grade.add_argument("submissions", help="folder of submissions: NAME.ipynb, or NAME/<any>.ipynb")
@@ -172,9 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("name", help="a helpers module with benchmark(quick=...), e.g. bench, data, moe, quant")
     bench.add_argument("--quick", action="store_true")
     bench.add_argument("--out")
-    nbs = sub.add_parser("notebooks", help="execute in quick mode and rewrite under the outputs policy")
-    nbs.add_argument("action", choices=["fix"])
-    nbs.add_argument("paths", nargs="+")
+    nbs = sub.add_parser("notebooks", help="fix: execute in quick mode and rewrite under the outputs policy; "
+                                           "verified: write each card's 'Verified with torch' from a matrix")
+    nbs.add_argument("action", choices=["fix", "verified"])
+    nbs.add_argument("paths", nargs="*", help="fix: the notebooks; verified: default every manifest entry")
+    nbs.add_argument("--matrix", help="verified: the matrix.json written by python -m helpers report")
     labs = sub.add_parser("labs", help="write the student copies of the lab solutions")
     labs.add_argument("action", choices=["build"])
     labs.add_argument("paths", nargs="*")
@@ -190,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     val.add_argument("--label")
     val.add_argument("--out", help="run: the JSON file; compare: the HTML report")
     args = parser.parse_args(argv)
-    handler = {"doctor": cmd_doctor, "run": cmd_run, "grade": cmd_grade, "bench": cmd_bench,
+    handler = {"doctor": cmd_doctor, "run": cmd_run, "report": cmd_report, "grade": cmd_grade, "bench": cmd_bench,
                "notebooks": cmd_notebooks, "labs": cmd_labs, "validate": cmd_validate}[args.command]
     return handler(args)
 

@@ -242,16 +242,20 @@ def nodes_loader(fn, items, workers: int):
     return nodes.Loader(mapper)
 
 
-def loaders(fn, items, worker_counts: Iterable[int]) -> tuple[dict[str, Callable[[], int]], list]:
-    """name -> zero-argument callable that loads one epoch; plus the DataLoaders to shut down."""
+def loaders(fn, items, worker_counts: Iterable[int], *, torchdata: bool = True
+            ) -> tuple[dict[str, Callable[[], int]], list]:
+    """name -> zero-argument callable that loads one epoch; plus the DataLoaders to shut down.
+    torchdata=False leaves out the torchdata.nodes loader (an optional package)."""
     candidates = {"serial": lambda: count(map(fn, items))}
     opened = []
     for k in worker_counts:
-        dl, nl = dataloader(fn, items, k), nodes_loader(fn, items, k)
+        dl = dataloader(fn, items, k)
         opened.append(dl)
         candidates[f"processes x{k}"] = lambda dl=dl: count(dl)
         candidates[f"threads x{k}"] = lambda k=k: count(thread_map(fn, items, workers=k))
-        candidates[f"torchdata threads x{k}"] = lambda nl=nl: count(nl)
+        if torchdata:
+            nl = nodes_loader(fn, items, k)
+            candidates[f"torchdata threads x{k}"] = lambda nl=nl: count(nl)
     return candidates, opened
 
 
@@ -264,11 +268,12 @@ def shutdown(opened: list) -> None:
             dl._iterator = None
 
 
-def measure(fn, items, worker_counts: Iterable[int], *, repeats: int = 3, min_run_time: float = 0.1) -> dict:
+def measure(fn, items, worker_counts: Iterable[int], *, repeats: int = 3, min_run_time: float = 0.1,
+            torchdata: bool = True) -> dict:
     """items/s for every loader and worker count, measured interleaved in one helpers.bench.compare run,
     with torch at 1 intra-op thread so parallelism comes from the loaders' workers alone."""
     from helpers.bench import compare
-    candidates, opened = loaders(fn, items, worker_counts)
+    candidates, opened = loaders(fn, items, worker_counts, torchdata=torchdata)
     try:
         with warnings.catch_warnings():    # more workers than cores is part of the experiment
             warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
@@ -281,8 +286,9 @@ def measure(fn, items, worker_counts: Iterable[int], *, repeats: int = 3, min_ru
 
 def benchmark(quick: bool = False) -> dict:
     """`python -m helpers bench data`: items/s per loader and worker count, both transform families."""
-    from helpers.device import capabilities
+    from helpers.device import capabilities, missing
     caps = capabilities()
+    with_torchdata = not missing("torchdata")
     worker_counts = [1, 2] if quick else sorted({1, 2, 4, caps.cpu_count})
     n = 16 if quick else 64
     families = {"GIL-bound: tokenize (pure Python)": (tokenize, make_texts(n, words=300 if quick else 600)),
@@ -291,7 +297,7 @@ def benchmark(quick: bool = False) -> dict:
            "free_threaded": caps.free_threaded, "gil_enabled": caps.gil_enabled, "families": {}}
     for name, (fn, items) in families.items():
         out["families"][name] = measure(fn, items, worker_counts, repeats=3 if quick else 5,
-                                        min_run_time=0.05 if quick else 0.2)
+                                        min_run_time=0.05 if quick else 0.2, torchdata=with_torchdata)
     return out
 
 

@@ -38,6 +38,8 @@ FP8_ROCM_ARCHS = ("gfx942", "gfx950")
 @dataclass(frozen=True)
 class Capabilities:
     accelerator: str                 # one of ACCELERATORS ("rocm" is torch's "cuda" device on a HIP build)
+    build_accelerator: str | None    # what the torch build targets ("cuda" for PyPI's Linux wheel), even
+                                     # with no such device here; None for a CPU-only build
     device_type: str                 # what torch.device takes: "cuda", "xpu", "mps" or "cpu"
     device_name: str
     arch: str | None                 # "sm_90", "gfx942", an XPU name, or the CPU's vector ISA
@@ -55,6 +57,7 @@ class Capabilities:
     python_version: str = ""
     free_threaded: bool = False      # a 3.13t/3.14t build (Py_GIL_DISABLED)
     gil_enabled: bool = True         # whether the GIL is on right now
+    features: dict[str, bool] = field(default_factory=dict)   # version-dependent torch features (FEATURES)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -96,28 +99,50 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-def _current_accelerator(torch_mod) -> str:
-    """The device type torch would use: via torch.accelerator where it exists (2.6+)."""
+def _accelerators(torch_mod) -> tuple[str | None, str]:
+    """(the accelerator this torch build was made for, or None for a CPU-only build; the device type to
+    use here). A CUDA, ROCm or XPU build on a machine without that GPU is a CPU machine: PyPI's Linux
+    wheels are CUDA builds, so laptops, CPU cloud machines and Colab's CPU runtime look like this."""
     acc_api = getattr(torch_mod, "accelerator", None)
-    if acc_api is not None and hasattr(acc_api, "current_accelerator"):
-        acc = acc_api.current_accelerator()
-        return acc.type if acc is not None else "cpu"
-    if torch_mod.cuda.is_available():
-        return "cuda"
-    xpu = getattr(torch_mod, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        return "xpu"
-    mps = getattr(getattr(torch_mod, "backends", None), "mps", None)
-    if mps is not None and mps.is_available():
-        return "mps"
-    return "cpu"
+    if acc_api is not None and hasattr(acc_api, "current_accelerator"):    # torch 2.6+
+        acc = acc_api.current_accelerator()    # the build's accelerator, whether or not a device exists
+        if acc is None:
+            return None, "cpu"
+        return acc.type, (acc.type if acc_api.is_available() else "cpu")
+    for name, backend in (("cuda", torch_mod.cuda), ("xpu", getattr(torch_mod, "xpu", None)),
+                          ("mps", getattr(getattr(torch_mod, "backends", None), "mps", None))):
+        if backend is not None and backend.is_available():
+            return name, name
+    return None, "cpu"
+
+
+def _rowwise_scaled_mm_on_cpu(torch_mod) -> bool:
+    """Row-wise FP8 torch._scaled_mm on CPU tensors: torch 2.10's CPU kernel takes per-tensor scales
+    only ("Now _scaled_mm only supports per-tensor scaling for CPU backend"); later releases take both."""
+    a = torch_mod.ones(16, 16).to(torch_mod.float8_e4m3fn)
+    try:
+        torch_mod._scaled_mm(a, a.t(), scale_a=torch_mod.ones(16, 1), scale_b=torch_mod.ones(1, 16),
+                             out_dtype=torch_mod.float32)
+    except RuntimeError:
+        return False
+    return True
+
+
+# name -> test on the torch module: each feature is tried, not read from the version number
+FEATURES: dict[str, Callable] = {
+    "fp8_rowwise_cpu": _rowwise_scaled_mm_on_cpu,
+}
+
+
+def torch_features(torch_mod=torch) -> dict[str, bool]:
+    return {name: bool(test(torch_mod)) for name, test in FEATURES.items()}
 
 
 def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shutil.which,
-          cpu_flags: set[str] | None = None, config_var: Callable[[str], object] = sysconfig.get_config_var
-          ) -> Capabilities:
-    """Inspect the machine. The arguments exist so tests can fake every vendor."""
-    device_type = _current_accelerator(torch_mod)
+          cpu_flags: set[str] | None = None, config_var: Callable[[str], object] = sysconfig.get_config_var,
+          features: Callable[[object], dict[str, bool]] = torch_features) -> Capabilities:
+    """Inspect the machine. The arguments exist so tests can fake every vendor and torch version."""
+    build, device_type = _accelerators(torch_mod)
     hip = getattr(torch_mod.version, "hip", None)
     cuda = getattr(torch_mod.version, "cuda", None)
     flags = _cpu_flags() if cpu_flags is None else cpu_flags
@@ -146,9 +171,11 @@ def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shu
         memory_gb = _ram_gb()
         bf16 = bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
     accelerator = "rocm" if device_type == "cuda" and hip else device_type
+    build_accelerator = "rocm" if build == "cuda" and hip else build
     gil_check = getattr(sys_mod, "_is_gil_enabled", None)
     return Capabilities(
-        accelerator=accelerator, device_type=device_type, device_name=name, arch=arch,
+        accelerator=accelerator, build_accelerator=build_accelerator, device_type=device_type,
+        device_name=name, arch=arch,
         memory_gb=memory_gb, bf16=bf16, fp8=fp8,
         torch_version=torch_mod.__version__, cuda_version=None if hip else cuda, hip_version=hip,
         xpu_compiled=bool(getattr(getattr(torch_mod, "xpu", None), "_is_compiled", lambda: False)()),
@@ -158,6 +185,7 @@ def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shu
         python_version=platform.python_version(),
         free_threaded=bool(config_var("Py_GIL_DISABLED")),
         gil_enabled=gil_check() if gil_check is not None else True,
+        features=features(torch_mod),
     )
 
 
@@ -227,6 +255,9 @@ NEEDS: dict[str, tuple[Callable[[Capabilities], bool], str]] = {
                            "Triton installed (pip install triton); its interpreter runs kernels on the CPU"),
     "torchao": (_package("torchao"), "torchao (pip install torchao; match it to your torch version)"),
     "torchdata": (_package("torchdata"), "torchdata (pip install torchdata)"),
+    "fp8_rowwise_cpu": (lambda c: c.features.get("fp8_rowwise_cpu", False),
+                        "a torch whose CPU torch._scaled_mm takes row-wise scales (newer than 2.10; "
+                        "environments/cpu.txt pins one)"),
     "free_threaded": (lambda c: c.free_threaded,
                       "a free-threaded CPython 3.13t/3.14t with a matching torch (environments/free-threaded.txt)"),
     "gil_disabled": (lambda c: not c.gil_enabled,
@@ -240,6 +271,8 @@ def _found(name: str, c: Capabilities) -> str:
         return f"no {name} on PATH"
     if name in c.packages:
         return f"{name} not installed"
+    if name in c.features:
+        return f"torch {c.torch_version} lacks it"
     if name in ("free_threaded", "gil_disabled"):
         return f"Python {c.python_version}, free-threaded build: {c.free_threaded}, GIL on: {c.gil_enabled}"
     return f"this machine: {c.accelerator} ({c.device_name}{', ' + c.arch if c.arch else ''})"

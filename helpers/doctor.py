@@ -14,6 +14,7 @@ def report_rows(caps: Capabilities | None = None) -> list[tuple[str, str]]:
         ("torch", c.torch_version + (f" (CUDA {c.cuda_version})" if c.cuda_version else "")
          + (f" (HIP {c.hip_version})" if c.hip_version else "") + (" (XPU build)" if c.xpu_compiled else "")),
         ("accelerator", f"{c.accelerator}: {c.device_name}" + (f", {c.arch}" if c.arch else "")),
+        ("torch build for", build_note(c)),
         ("memory", f"{c.memory_gb} GiB" if c.memory_gb else "unknown"),
         ("bf16 / fp8 native", f"{'yes' if c.bf16 else 'no'} / {'yes' if c.fp8 else 'no'}"),
         ("CPU", f"{c.cpu_name}, {c.cpu_count} cores"),
@@ -23,6 +24,16 @@ def report_rows(caps: Capabilities | None = None) -> list[tuple[str, str]]:
         ("capabilities met", ", ".join(n for n in NEEDS if not missing(n, caps=c))),
         ("capabilities missing", ", ".join(n for n in NEEDS if missing(n, caps=c))),
     ]
+
+
+def build_note(c: Capabilities) -> str:
+    """What the installed torch was built for, and whether that device is here."""
+    if c.build_accelerator is None:
+        return "CPU only"
+    if c.build_accelerator == c.accelerator:
+        return f"{c.build_accelerator} (device present)"
+    return (f"{c.build_accelerator}, but no {c.build_accelerator} device is present: everything runs on the CPU "
+            f"(the GPU sections would run on a machine with one)")
 
 
 def lesson_rows(caps: Capabilities | None = None) -> list[tuple[str, str, list[str]]]:

@@ -234,7 +234,9 @@ def _triton_kernel():
     import triton.language as tl
 
     @triton.jit
-    def grouped_gemm_kernel(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_row_ptr, group_end_ptr, N, K,
+    def grouped_gemm_kernel(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_row_ptr, group_end_ptr, N,
+                            K: tl.constexpr,    # the loop bound as a Python int (Triton <= 3.6's interpreter
+                                                # cannot loop over a runtime scalar with NumPy >= 2.4)
                             stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_om, stride_on,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             UPCAST: tl.constexpr):

@@ -146,6 +146,38 @@ def build_labs(paths: list[Path] | None = None) -> list[Path]:
     return written
 
 
+VERIFIED_ROW = re.compile(r"^(\| \*\*Verified with torch\*\* \| )([^;|]*)(.*\|)$", re.M)
+
+
+def verified_versions(matrix: dict, notebook: str) -> str:
+    """The environments of a merged matrix (helpers.runner.matrix) where this notebook's quick run
+    and its nbval comparison both passed, as "2.10.0+cu128 (cuda), 2.13.0+cpu (cpu), ..."."""
+    torch_of = {env["name"]: env["torch_version"] for env in matrix["environments"]}
+    passed = [f"{torch_of[r['environment']]} ({r['environment']})" for r in matrix["results"]
+              if r["notebook"] == notebook and r["status"] == "passed" and r["nbval"] == "passed"]
+    return ", ".join(passed)
+
+
+def write_verified(path: Path, matrix: dict, date: str) -> bool:
+    """Rewrite the card's "Verified with torch" value, up to its first ";", from the matrix: the torch
+    versions (and environment names) where the quick run and nbval passed. Returns whether it changed."""
+    nb = read(path)
+    key = str(path.resolve().relative_to(REPO)) if path.resolve().is_relative_to(REPO) else str(path)
+    versions = verified_versions(matrix, key)
+    text = (f"quick run and stored outputs pass on {versions} (make matrix, {date})" if versions
+            else f"no environment of the matrix of {date} passed")
+    card = nb.cells[0]
+    if not VERIFIED_ROW.search(card.source):
+        raise ValueError(f"{path}: the card has no '| **Verified with torch** | ... |' row")
+    new = VERIFIED_ROW.sub(lambda m: m.group(1) + text + (" " if m.group(3).startswith("|") else "") + m.group(3),
+                           card.source, count=1)
+    if new == card.source:
+        return False
+    card.source = new
+    write(nb, path)
+    return True
+
+
 def fix(path: Path, timeout: int = 600) -> list[str]:
     """Execute a notebook in quick mode and rewrite it under the outputs policy; returns problems left."""
     import papermill

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from helpers import bench
 from helpers.checks import fail, passed
+from helpers.device import missing
 
 CALIBRATORS = ("minmax", "percentile", "mse")
 INT8_PATHS = ("int8pack_bf16", "int8pack_fp32", "dequant")
@@ -358,16 +359,23 @@ def to_fp8(x: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, rowwise: bool = True,
-               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """x [M, K] @ w[N, K].T with both operands in FP8 via torch._scaled_mm (w transposed to column-major)."""
+               out_dtype: torch.dtype = torch.bfloat16, kernel: bool = True) -> torch.Tensor:
+    """x [M, K] @ w[N, K].T with both operands in FP8 via torch._scaled_mm (w transposed to column-major);
+    kernel=False computes the same from the dequantized operands (fp8_matmul_reference)."""
     xq, sx = to_fp8(x, rowwise)
     wq, sw = to_fp8(w, rowwise)
-    return fp8_matmul(xq, sx, wq, sw, out_dtype)
+    return (fp8_matmul if kernel else fp8_matmul_reference)(xq, sx, wq, sw, out_dtype)
 
 
 def fp8_matmul(xq, sx, wq, sw, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """torch._scaled_mm on pre-quantized operands; sw is [N, 1] for row-wise, passed as [1, N]."""
     return torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw.t() if sw.dim() else sw, out_dtype=out_dtype)
+
+
+def fp8_matmul_reference(xq, sx, wq, sw, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """What _scaled_mm computes, written out: FP8 values times their scales, multiplied in fp32. For a
+    torch whose kernel lacks a scaling mode (row-wise on CPU in 2.10) and for checking the kernel."""
+    return ((xq.float() * sx) @ (wq.float() * sw).t()).to(out_dtype)
 
 
 # --- Lab check -------------------------------------------------------------------------------
@@ -423,8 +431,9 @@ def benchmark(quick: bool = False) -> dict:
     weights_bf16 = [w.bfloat16() for w in weights]
     int8 = [Int8WeightOnlyLinear.from_linear(lin) for lin in linears]
     int8_fp32 = [Int8WeightOnlyLinear.from_linear(lin, path="int8pack_fp32") for lin in linears]
-    fp8 = [to_fp8(w, rowwise=True) for w in weights]
-    x8, sx8 = to_fp8(x, rowwise=True)
+    rowwise = not missing("fp8_rowwise_cpu")      # torch 2.10's CPU kernel takes tensor-wise scales only
+    fp8 = [to_fp8(w, rowwise=rowwise) for w in weights]
+    x8, sx8 = to_fp8(x, rowwise=rowwise)
     xb = x.bfloat16()
     step = {"i": 0}
 
@@ -439,7 +448,7 @@ def benchmark(quick: bool = False) -> dict:
         "bf16 F.linear": (cycled(lambda i: F.linear(xb, weights_bf16[i])), 2),
         "int8 wo, bf16 activations": (cycled(lambda i: int8[i](x)), 1),
         "int8 wo, fp32 activations": (cycled(lambda i: int8_fp32[i](x)), 1),
-        "fp8 _scaled_mm row-wise": (cycled(lambda i: fp8_matmul(x8, sx8, *fp8[i])), 1),
+        f"fp8 _scaled_mm {'row' if rowwise else 'tensor'}-wise": (cycled(lambda i: fp8_matmul(x8, sx8, *fp8[i])), 1),
     }
     runs = {}
     for threads in sorted({1, torch.get_num_threads()}):

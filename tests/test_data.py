@@ -203,7 +203,7 @@ def test_augment_image_rejects_bad_input(bad):
         data.augment_image(bad)
 
 
-def test_dataloader_and_torchdata_match_serial():
+def test_dataloader_matches_serial():
     texts = data.make_texts(5, words=30)
     expected = [data.tokenize(t) for t in texts]
     dl = data.dataloader(data.tokenize, texts, 1)
@@ -211,15 +211,26 @@ def test_dataloader_and_torchdata_match_serial():
         assert [list(map(int, x)) if torch.is_tensor(x) else x for x in dl] == expected
     finally:
         data.shutdown([dl])
-    nl = data.nodes_loader(data.tokenize, texts, 2)
-    assert list(nl) == expected
 
 
+@pytest.mark.requires("torchdata")
+def test_torchdata_matches_serial():
+    texts = data.make_texts(5, words=30)
+    assert list(data.nodes_loader(data.tokenize, texts, 2)) == [data.tokenize(t) for t in texts]
+
+
+@pytest.mark.requires("torchdata")
 def test_measure_reports_items_per_second():
     result = data.measure(data.tokenize, data.make_texts(2, words=10), [1], repeats=1, min_run_time=0.001)
     assert set(result["results"]) == {"serial", "processes x1", "threads x1", "torchdata threads x1"}
     assert all(r["items_per_s"] > 0 for r in result["results"].values())
     assert result["threads"] == 1
+
+
+def test_measure_without_torchdata_leaves_only_its_loader_out():
+    result = data.measure(data.tokenize, data.make_texts(2, words=10), [1], repeats=1, min_run_time=0.001,
+                          torchdata=False)
+    assert set(result["results"]) == {"serial", "processes x1", "threads x1"}
 
 
 def test_check_same_outputs_names_the_first_differing_item():

@@ -10,20 +10,30 @@ from helpers import device
 from helpers.device import NEEDS, missing, pick_device, probe, requires, skip_reason
 
 
-def fake_torch(accelerator=None, hip=None, cuda="12.8", props=None, xpu_compiled=False, with_accelerator_api=True):
-    """A stand-in for the torch module with only what probe() reads."""
+def fake_torch(accelerator=None, hip=None, cuda="12.8", props=None, xpu_compiled=False, with_accelerator_api=True,
+               build=None):
+    """A stand-in for the torch module with only what probe() reads. `accelerator`: the device present;
+    `build`: what the build targets (default: the device present), e.g. build="cuda" with no device is
+    PyPI's CUDA wheel on a machine without a GPU, where asking for device properties raises."""
+    build = build or accelerator
+
+    def properties(index):
+        if accelerator is None:
+            raise RuntimeError("Found no NVIDIA driver on your system.")
+        return props
+
     props = props or SimpleNamespace()
     mod = SimpleNamespace(
         __version__="2.10.0",
-        version=SimpleNamespace(cuda=None if hip else (cuda if accelerator == "cuda" else None), hip=hip),
-        cuda=SimpleNamespace(is_available=lambda: accelerator == "cuda", get_device_properties=lambda i: props),
-        xpu=SimpleNamespace(is_available=lambda: accelerator == "xpu", get_device_properties=lambda i: props,
-                            _is_compiled=lambda: xpu_compiled or accelerator == "xpu"),
+        version=SimpleNamespace(cuda=None if hip else (cuda if build == "cuda" else None), hip=hip),
+        cuda=SimpleNamespace(is_available=lambda: accelerator == "cuda", get_device_properties=properties),
+        xpu=SimpleNamespace(is_available=lambda: accelerator == "xpu", get_device_properties=properties,
+                            _is_compiled=lambda: xpu_compiled or build == "xpu"),
         backends=SimpleNamespace(mps=SimpleNamespace(is_available=lambda: accelerator == "mps")),
     )
     if with_accelerator_api:
-        current = SimpleNamespace(type=accelerator) if accelerator else None
-        mod.accelerator = SimpleNamespace(current_accelerator=lambda: current)
+        current = SimpleNamespace(type=build) if build else None
+        mod.accelerator = SimpleNamespace(current_accelerator=lambda: current, is_available=lambda: accelerator is not None)
     return mod
 
 
@@ -31,7 +41,8 @@ def fake_sys(gil=True):
     return SimpleNamespace(_is_gil_enabled=lambda: gil)
 
 
-NO_TOOLS = {"which": lambda name: None, "cpu_flags": {"avx2"}, "config_var": lambda name: None}
+NO_TOOLS = {"which": lambda name: None, "cpu_flags": {"avx2"}, "config_var": lambda name: None,
+            "features": lambda torch_mod: {"fp8_rowwise_cpu": True}}
 
 
 def probe_fake(torch_mod, sys_mod=None, **overrides):
@@ -42,8 +53,9 @@ def probe_fake(torch_mod, sys_mod=None, **overrides):
 def test_this_cpu_machine_is_detected_for_real():
     caps = device.capabilities()
     assert caps.torch_version == torch.__version__
-    assert caps.accelerator == ("cpu" if torch.accelerator.current_accelerator() is None
-                                else caps.accelerator)
+    built_for = torch.accelerator.current_accelerator()
+    assert caps.accelerator == (caps.accelerator if torch.accelerator.is_available() else "cpu")
+    assert (caps.build_accelerator is None) == (built_for is None)
     assert caps.cpu_count >= 1 and caps.python_version.count(".") == 2
     assert caps.gil_enabled == (sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True)
     json.dumps(caps.to_dict())   # the report is JSON-ready
@@ -99,6 +111,46 @@ def test_sycl_needs_an_xpu_build_too():
     caps = probe_fake(fake_torch(None), which={"icpx": "/usr/bin/icpx"}.get)
     assert missing("icpx", caps=caps) == []
     assert "XPU build of torch" in skip_reason(["sycl"], caps)
+
+
+@pytest.mark.parametrize("build, hip, name", [("cuda", None, "CUDA"), ("cuda", "7.1.0", "ROCm"), ("xpu", None, "XPU")])
+def test_a_gpu_build_without_its_gpu_is_a_cpu_machine(build, hip, name):
+    """PyPI's Linux wheel is a CUDA build: on a laptop, a CPU cloud machine or Colab's CPU runtime
+    current_accelerator() is cuda, is_available() is False and device properties raise."""
+    caps = probe_fake(fake_torch(None, build=build, hip=hip), cpu_flags={"avx512f", "avx512_bf16"})
+    assert (caps.accelerator, caps.device_type, caps.arch) == ("cpu", "cpu", "avx512f")
+    assert caps.build_accelerator == ("rocm" if hip else build)
+    assert caps.bf16 and not caps.fp8 and caps.memory_gb is not None
+    assert missing("gpu", "accelerator", "triton_gpu", caps=caps) == ["gpu", "accelerator", "triton_gpu"]
+    assert "this machine: cpu" in skip_reason(["gpu"], caps)
+
+
+def test_doctor_says_what_the_build_is_for():
+    from helpers.doctor import build_note
+    no_gpu = probe_fake(fake_torch(None, build="cuda"))
+    assert "no cuda device is present" in build_note(no_gpu)
+    assert build_note(probe_fake(fake_torch(None))) == "CPU only"
+    h200 = probe_fake(fake_torch("cuda", props=SimpleNamespace(name="H200", total_memory=2**37, major=9, minor=0)))
+    assert build_note(h200) == "cuda (device present)"
+
+
+def test_version_features_are_tried_on_the_installed_torch():
+    features = device.torch_features()
+    assert set(features) == set(device.FEATURES) and all(isinstance(v, bool) for v in features.values())
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.float32)
+        works = True
+    except RuntimeError as exc:
+        assert "per-tensor scaling" in str(exc)     # torch 2.10's CPU kernel
+        works = False
+    assert features["fp8_rowwise_cpu"] == works == (not missing("fp8_rowwise_cpu"))
+
+
+def test_torch_2_10_without_cpu_rowwise_fp8_says_what_would_run_it():
+    caps = probe_fake(fake_torch(None, build="cuda"), features=lambda torch_mod: {"fp8_rowwise_cpu": False})
+    reason = skip_reason(["fp8_rowwise_cpu"], caps)
+    assert "torch 2.10.0 lacks it" in reason and "newer than 2.10" in reason
 
 
 def test_apple_mps():
@@ -166,7 +218,7 @@ def test_bad_input_gets_a_clear_error(call, error, text):
         call()
 
 
-@pytest.mark.skipif(torch.accelerator.current_accelerator() is not None, reason="this machine has an accelerator")
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="this machine has an accelerator")
 def test_asking_for_a_missing_device_says_what_to_do():
     with pytest.raises(RuntimeError, match="not available here.*pick_device\\('auto'\\)"):
         pick_device("cuda:0")

@@ -22,7 +22,7 @@ def parse(path: Path) -> dict[str, str]:
 
 
 def test_the_targets_exist():
-    assert {p.stem for p in ENVS} == {"cpu", "cuda", "rocm", "xpu", "free-threaded"}
+    assert {p.stem for p in ENVS} == {"cpu", "cuda", "rocm", "xpu", "free-threaded", "latest", "minimal"}
 
 
 @pytest.mark.parametrize("path", ENVS, ids=lambda p: p.stem)
@@ -31,13 +31,26 @@ def test_each_file_says_who_it_is_for_and_installs_torch_first(path):
     assert text.startswith("# "), "header comment first"
     assert "torch first" in text or "then torch" in text
     pins = parse(path)
-    assert "torch" in pins and "ipywidgets" in pins and "plotly" in pins
+    assert "torch" in pins
+    if path.stem == "minimal":     # torch alone: the package's own ranges bring the rest, no optional extra
+        assert set(pins) == {"torch"}
+    else:
+        assert "ipywidgets" in pins and "plotly" in pins
     install_line = next(l for l in text.splitlines() if re.match(r"#\s+pip install torch==", l))
     assert f"torch=={pins['torch']}" in install_line, "the header's first install pins the same torch"
 
 
 def test_cpu_environment_is_the_one_verified_here():
     assert parse(next(p for p in ENVS if p.stem == "cpu"))["torch"] == "2.13.0"
+
+
+def test_the_matrix_covers_the_course_torch_the_default_and_the_newest():
+    pins = {p.stem: parse(p) for p in ENVS}
+    assert pins["cuda"]["torch"] == "2.10.0" and pins["minimal"]["torch"] == pins["cpu"]["torch"]
+    newest = max(tuple(map(int, p["torch"].split("."))) for p in pins.values())
+    assert tuple(map(int, pins["latest"]["torch"].split("."))) == newest
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    assert "MATRIX_ENVS ?= cpu cuda latest minimal" in makefile
 
 
 def test_shared_packages_carry_the_same_versions():

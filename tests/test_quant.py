@@ -226,17 +226,30 @@ def test_swap_linears_replaces_nested_layers():
 
 # --- FP8 -------------------------------------------------------------------------------------
 
-def test_fp8_tensorwise_and_rowwise_close_to_fp32():
+@pytest.mark.parametrize("kernel", [
+    pytest.param(True, marks=pytest.mark.requires("fp8_rowwise_cpu"), id="scaled_mm"), pytest.param(False, id="reference")])
+def test_fp8_tensorwise_and_rowwise_close_to_fp32(kernel):
     x = torch.randn(16, 64)
     w = torch.randn(32, 64) * torch.logspace(-6, 0, 32)[:, None]     # beyond e4m3's exponent range
     ref = x @ w.t()
     rel = {}
     for rowwise in (False, True):
-        out = quant.fp8_linear(x, w, rowwise=rowwise)
+        out = quant.fp8_linear(x, w, rowwise=rowwise, kernel=kernel)
         assert out.dtype == torch.bfloat16 and out.shape == (16, 32)
         rel[rowwise] = ((out.float() - ref).norm(dim=0) / ref.norm(dim=0)).max().item()
     assert rel[True] < 0.1
     assert rel[False] > 2 * rel[True], "row-wise scales keep the smallest rows from underflowing"
+
+
+@pytest.mark.parametrize("rowwise", [
+    pytest.param(True, marks=pytest.mark.requires("fp8_rowwise_cpu"), id="row-wise"), pytest.param(False, id="tensor-wise")])
+def test_fp8_reference_computes_what_scaled_mm_does(rowwise):
+    x, w = torch.randn(16, 64), torch.randn(32, 64)
+    xq, sx = quant.to_fp8(x, rowwise)
+    wq, sw = quant.to_fp8(w, rowwise)
+    kernel = quant.fp8_matmul(xq, sx, wq, sw, torch.float32)
+    torch.testing.assert_close(quant.fp8_matmul_reference(xq, sx, wq, sw, torch.float32), kernel,
+                               rtol=1e-5, atol=1e-5)
 
 
 # --- lab check and benchmark -----------------------------------------------------------------

@@ -20,7 +20,15 @@ from helpers.files import write_text_atomic
 from helpers.manifest import REPO, entries
 from helpers.runner.job import execute_job, make_job, stop_all
 
-NOTEBOOK_BUDGET_GB = 1.5      # a quick-mode notebook's memory budget (the Binder limit)
+NOTEBOOK_BUDGET_GB = 1.5      # a quick-mode notebook's memory budget: Binder's limit, with its CPU-only torch
+GPU_BUILD_BUDGET_GB = 2.0     # with a CUDA, ROCm or XPU build of torch, whose every process (kernel, compile
+                              # workers, spawned ranks) maps the GPU libraries: about 0.5 GB more, measured
+
+
+def memory_budget_gb(caps=None) -> float:
+    """A quick-mode notebook's memory budget with the torch installed here."""
+    caps = caps or capabilities()
+    return NOTEBOOK_BUDGET_GB if caps.build_accelerator is None else GPU_BUILD_BUDGET_GB
 
 
 def section_problems(declared: list[dict], recorded: list[dict]) -> list[str]:
@@ -41,7 +49,7 @@ def section_problems(declared: list[dict], recorded: list[dict]) -> list[str]:
 def default_workers() -> int:
     """What this machine can take: one notebook per core, as many as the free memory holds."""
     import psutil
-    by_memory = int(psutil.virtual_memory().available / 2**30 / NOTEBOOK_BUDGET_GB)
+    by_memory = int(psutil.virtual_memory().available / 2**30 / memory_budget_gb())
     return max(1, min(capabilities().cpu_count, by_memory))
 
 
@@ -134,12 +142,13 @@ def _failed_job(job: dict, exc: BaseException) -> dict:
 def run_collection(paths: list[str] | None = None, *, out_dir: str | Path, parameters: dict | None = None,
                    workers: int | None = None, cell_timeout: float = 300, notebook_timeout: float = 900,
                    memory_limit_mb: float | None = None, executor: str = "local", scheduler: str | None = None,
-                   resume: bool = False, progress: bool = False) -> dict:
+                   resume: bool = False, progress: bool = False, label: str = "") -> dict:
     """Execute notebooks (default: every manifest entry); writes out_dir/record.json and report.html.
 
     paths: manifest paths or any .ipynb files. executor: "local" (N notebooks at a time here) or
     "dask" (scheduler: a dask.distributed address). resume: keep the notebooks that already passed
-    in out_dir/record.json with the same parameters."""
+    in out_dir/record.json with the same parameters. label: this environment's or machine's name in
+    merged reports (helpers.runner.matrix)."""
     from tqdm.auto import tqdm
 
     from helpers.runner.report import write_report
@@ -177,7 +186,7 @@ def run_collection(paths: list[str] | None = None, *, out_dir: str | Path, param
     jobs.sort(key=lambda job: -items.get(job["path"], {}).get("quick_seconds", 0))
     start = time.time()
     records = dict(kept)
-    summary = {"parameters": parameters, "executor": executor, "scheduler": scheduler, "workers": workers,
+    summary = {"label": label, "parameters": parameters, "executor": executor, "scheduler": scheduler, "workers": workers,
                "cell_timeout": cell_timeout, "notebook_timeout": notebook_timeout,
                "memory_limit_mb": memory_limit_mb, "machine": capabilities().to_dict(), "started": start}
 
