@@ -177,3 +177,38 @@ def test_matrix_module_does_not_import_torch():
     done = subprocess.run([sys.executable, "-c", "import sys, helpers.runner.matrix; "
                            "sys.exit('torch' in sys.modules)"], capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_an_nbval_failure_fails_the_report(tmp_path):
+    run = write_run(tmp_path / "a", [notebook(BASICS)], label="a", nbval={BASICS: "failed"})
+    assert main(["report", str(run), "--out", str(tmp_path / "m")]) == 1
+
+
+def test_card_lists_the_environments_where_quick_run_and_nbval_passed(tmp_path):
+    import nbformat
+
+    from helpers import notebooks
+    cpu = write_run(tmp_path / "cpu", [notebook(BASICS), notebook(ATTENTION)], label="cpu",
+                    nbval={BASICS: "passed", ATTENTION: "passed"}, torch_version="2.13.0+cpu")
+    cuda = write_run(tmp_path / "cuda", [notebook(BASICS), notebook(ATTENTION, "failed")], label="cuda",
+                     nbval={BASICS: "failed", ATTENTION: "passed"})
+    matrix = merge_runs([cpu, cuda])
+    assert notebooks.verified_versions(matrix, BASICS) == "2.13.0+cpu (cpu)"     # nbval failed on cuda
+    assert notebooks.verified_versions(matrix, ATTENTION) == "2.13.0+cpu (cpu)"  # the run failed on cuda
+    path = tmp_path / "lesson.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "| | |\n|---|---|\n| **Verified with torch** | 2.9 by hand; sources: release notes |")])
+    path.write_text(nbformat.writes(nb))
+    notebooks.REPO, repo = tmp_path, notebooks.REPO
+    try:
+        matrix["results"] = [{**r, "notebook": "lesson.ipynb"} for r in matrix["results"] if r["notebook"] == BASICS]
+        assert notebooks.write_verified(path, matrix, "2026-12-01")
+        assert not notebooks.write_verified(path, matrix, "2026-12-01")    # the same matrix changes nothing
+    finally:
+        notebooks.REPO = repo
+    card = notebooks.read(path).cells[0].source
+    assert ("| **Verified with torch** | quick run and stored outputs pass on 2.13.0+cpu (cpu) "
+            "(make matrix, 2026-12-01); sources: release notes |") in card
+    path.write_text(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# no card")])))
+    with pytest.raises(ValueError, match="no .*Verified with torch"):
+        notebooks.write_verified(path, matrix, "2026-12-01")
