@@ -269,8 +269,9 @@ def _found(name: str, c: Capabilities) -> str:
     """What the machine has instead, for the skip message."""
     if name in TOOLCHAINS:
         return f"no {name} on PATH"
-    if name in c.packages:
-        return f"{name} not installed"
+    package = name.split("_")[0]
+    if package in c.packages and c.packages[package] is None:
+        return f"{package} not installed"
     if name in c.features:
         return f"torch {c.torch_version} lacks it"
     if name in ("free_threaded", "gil_disabled"):

@@ -95,6 +95,9 @@ def format_problems(nb: nbformat.NotebookNode, *, lab_student: bool = False) -> 
         checked = NBVAL_TAG in _tags(cell) and not lab_student
         if not checked and (cell.outputs or cell.execution_count is not None):
             problems.append(f"cell {i} has outputs but is not tagged {NBVAL_TAG}")
+        if checked and "requires(" in cell.source:
+            problems.append(f"cell {i} is tagged {NBVAL_TAG} but calls requires(): what it prints depends on "
+                            f"the machine, so nbval cannot compare it across the matrix")
         if checked and (not cell.outputs or cell.execution_count is None):
             problems.append(f"cell {i} is tagged {NBVAL_TAG} but has no stored output "
                             f"(run: python -m helpers notebooks fix)")

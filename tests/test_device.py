@@ -153,6 +153,15 @@ def test_torch_2_10_without_cpu_rowwise_fp8_says_what_would_run_it():
     assert "torch 2.10.0 lacks it" in reason and "newer than 2.10" in reason
 
 
+def test_a_missing_package_is_named_in_the_skip_reason():
+    caps = probe_fake(fake_torch(None))     # NO_TOOLS: no package reads as installed on the fake
+    caps = device.dataclasses.replace(caps, packages={"triton": None, "torchao": None, "torchdata": "0.11.0"})
+    assert "needs triton_interpreter (triton not installed)" in skip_reason(["triton_interpreter"], caps)
+    assert "needs torchao (torchao not installed)" in skip_reason(["torchao"], caps)
+    with_triton = device.dataclasses.replace(caps, packages={"triton": "3.6.0"})
+    assert "(this machine: cpu" in skip_reason(["triton_gpu"], with_triton)
+
+
 def test_apple_mps():
     caps = probe_fake(fake_torch("mps"))
     assert (caps.accelerator, caps.device_type) == ("mps", "mps")

@@ -75,6 +75,14 @@ def test_format_check_catches_each_violation():
         assert text in problems
 
 
+def test_a_checked_cell_may_not_depend_on_the_machine():
+    v4 = notebooks.nbformat.v4
+    gated = v4.new_code_cell('if requires("triton", section="x"):\n    print("ok")', execution_count=1,
+                             outputs=[v4.new_output("stream", text="ok")], metadata={"tags": [notebooks.NBVAL_TAG]})
+    problems = "\n".join(notebooks.format_problems(v4.new_notebook(cells=[gated])))
+    assert "calls requires()" in problems
+
+
 def test_readme_table_matches_the_manifest():
     readme = (REPO / "README.md").read_text()
     assert manifest.readme_table() in readme, "README table is stale: paste helpers.manifest.readme_table()"
