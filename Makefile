@@ -12,7 +12,7 @@ WORKERS ?= 2
 
 MATRIX_ENVS ?= cpu cuda latest minimal
 
-.PHONY: setup browser run test matrix matrix-env lab doctor labs clean
+.PHONY: setup browser run test matrix matrix-env free-threaded lab doctor labs clean
 
 setup: $(VENV)/.installed-$(ENV)
 
@@ -21,7 +21,7 @@ $(VENV)/.installed-$(ENV): pyproject.toml $(REQS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $$(grep -E '^(--(extra-)?index-url|torch==)' $(REQS))
-	$(BIN)/python -m pip install -q -r $(REQS) -e ".[lab,test]"
+	$(BIN)/python -m pip install -q $(if $(filter free-threaded,$(ENV)),--prefer-binary -r $(REQS) -e .,-r $(REQS) -e ".[lab,test]")
 	touch $@
 
 run: setup
@@ -51,6 +51,21 @@ matrix-env: setup
 matrix:
 	for env in $(MATRIX_ENVS); do $(MAKE) --no-print-directory matrix-env ENV=$$env || exit 1; done
 	$(call venv_of,$(lastword $(MATRIX_ENVS)))/bin/python -m helpers report $(addprefix runs/matrix/,$(MATRIX_ENVS)) --out runs/matrix
+
+# Free-threaded leg: a free-threaded CPython (found, or built once into the user's cache by
+# .ci/free-threaded-python), its own venv, then lesson 01, lab 01 and helpers.data's tests with the GIL
+# off; fails unless the section "Pure-Python scaling with threads" really ran. Record: runs/matrix/free-threaded/.
+FT_SECTION = Pure-Python scaling with threads
+free-threaded:
+	$(MAKE) --no-print-directory setup ENV=free-threaded PYTHON="$$(.ci/free-threaded-python)"
+	.venv-free-threaded/bin/python -m helpers doctor
+	rm -rf runs/matrix/free-threaded
+	.venv-free-threaded/bin/python -m helpers run --label free-threaded --workers 1 --out runs/matrix/free-threaded \
+	  --no-progress notebooks/01_free_threaded_data_loading.ipynb labs/solutions/01_data_loading_lab.ipynb
+	.venv-free-threaded/bin/python -c "import json, sys; r = json.load(open('runs/matrix/free-threaded/record.json')); \
+	  ran = [s['ran'] for n in r['notebooks'] for s in n['sections'] if s['section'] == '$(FT_SECTION)']; \
+	  sys.exit(0 if ran == [True] else 'section \'$(FT_SECTION)\' did not run: ' + repr(ran))"
+	LABS_QUICK=1 .venv-free-threaded/bin/python -m pytest -p no:xdist tests/test_data.py -q
 
 lab: setup
 	$(BIN)/python -m jupyter lab --ip 127.0.0.1 --no-browser --IdentityProvider.token="$$($(BIN)/python -c 'import secrets; print(secrets.token_hex(16))')" $(if $(filter 0,$(shell id -u)),--allow-root,)

@@ -10,15 +10,8 @@ can never hang.
 """
 from __future__ import annotations
 
-import datetime
 import math
-import multiprocessing as mp
 import os
-import queue
-import socket
-import tempfile
-import time
-import traceback
 from typing import Callable
 
 import torch
@@ -117,59 +110,13 @@ def inductor_code(fn: Callable, *args) -> str:
 
 # --- A 2-process gloo job on 127.0.0.1 ---------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _scenario(name: str, rank: int) -> str:
-    """What each rank does; returns a line describing success (errors propagate)."""
-    import torch.distributed as dist
-    if name == "ok":
-        t = torch.ones(4) * (rank + 1)
-        dist.all_reduce(t)
-        return f"all_reduce ok: {t.tolist()}"
-    if name == "mismatched_shapes":        # rank 1 sends a different shape
-        t = torch.ones(4 if rank == 0 else 5)
-        dist.all_reduce(t)
-        return f"all_reduce returned {t.tolist()}"
-    if name == "missing_collective":       # rank 1 skips the collective: rank 0 waits until the timeout
-        if rank == 0:
-            t = torch.ones(4)
-            dist.all_reduce(t)
-            return f"all_reduce returned {t.tolist()}"
-        return "skipped the all_reduce"
-    raise ValueError(f"unknown scenario {name!r}; use 'ok', 'mismatched_shapes' or 'missing_collective'")
-
-
-SCENARIOS = ("ok", "mismatched_shapes", "missing_collective")
-
-
-def _worker(rank: int, world: int, port: int, scenario: str, timeout_s: float, stderr_path: str,
-            results) -> None:
-    err = open(stderr_path, "w")
-    os.dup2(err.fileno(), 2)             # C++ aborts print to fd 2: keep that text for the parent
-    import torch.distributed as dist
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        try:
-            results.put((rank, "ok", _scenario(scenario, rank)))
-            if scenario == "missing_collective" and rank == 1:
-                time.sleep(timeout_s + 2)        # stay alive so rank 0's wait ends in a timeout, not a reset
-        finally:
-            dist.destroy_process_group()
-    except Exception as exc:   # report the error text to the parent, whatever it is
-        results.put((rank, type(exc).__name__, "".join(traceback.format_exception_only(exc)).strip()))
-
-
 def run_gloo_job(scenario: str, *, world_size: int = 2, timeout_s: float = 3.0, wall_limit_s: float = 60.0,
                  env: dict | None = None) -> dict:
     """Run `scenario` on `world_size` gloo processes on 127.0.0.1; returns, per rank, the status, the
     text of its result or error, and what it printed to stderr (C++ aborts land there).
 
-    The ranks are spawned by a separate launcher process (`python -m helpers.debugging`), so nothing of
+    The ranks are spawned by a separate launcher process (`python -m helpers.gloo`, which imports no
+    torch: one torch process fewer beside the notebook's kernel and the two ranks), so nothing of
     the job (processes, queues, pipes) lives in the caller, e.g. a notebook kernel; the launcher's whole
     process group is killed after wall_limit_s. timeout_s: the process group's collective timeout.
     env: extra environment for the ranks (e.g. TORCH_DISTRIBUTED_DEBUG), set before they start because
@@ -179,11 +126,12 @@ def run_gloo_job(scenario: str, *, world_size: int = 2, timeout_s: float = 3.0, 
     import signal
     import subprocess
     import sys
+    from helpers.gloo import SCENARIOS
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; use one of {', '.join(SCENARIOS)}")
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         raise RuntimeError("this torch build has no gloo backend (torch.distributed.is_gloo_available() is False)")
-    cmd = [sys.executable, "-m", "helpers.debugging", scenario, str(world_size), str(timeout_s), str(wall_limit_s)]
+    cmd = [sys.executable, "-m", "helpers.gloo", scenario, str(world_size), str(timeout_s), str(wall_limit_s)]
     launcher = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env={**os.environ, **(env or {})}, start_new_session=True, text=True,
                                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -197,42 +145,6 @@ def run_gloo_job(scenario: str, *, world_size: int = 2, timeout_s: float = 3.0, 
     if launcher.returncode != 0:
         raise RuntimeError(f"the gloo launcher failed (exit {launcher.returncode}): {err.strip()[-2000:]}")
     return json.loads(out.strip().splitlines()[-1])
-
-
-def _launch_ranks(scenario: str, world_size: int, timeout_s: float, wall_limit_s: float) -> dict:
-    """Spawn the ranks in this (launcher) process and collect their outcomes."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    env = {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
-    with tempfile.TemporaryDirectory() as tmp:
-        logs = [os.path.join(tmp, f"rank{r}.err") for r in range(world_size)]
-        procs = [ctx.Process(target=_worker, args=(r, world_size, port, scenario, timeout_s, logs[r], results))
-                 for r in range(world_size)]
-        os.environ.update(env)
-        for p in procs:
-            p.start()
-        outcome: dict[str, dict] = {}
-        deadline = time.monotonic() + wall_limit_s
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for r, p in enumerate(procs):
-            if p.is_alive():
-                p.kill()
-                p.join()
-                outcome[f"rank {r}"] = {"status": "killed", "text": f"still running after {wall_limit_s:.0f} s"}
-        while True:
-            try:
-                rank, status, text = results.get(timeout=0.5)
-            except queue.Empty:
-                break
-            outcome[f"rank {rank}"] = {"status": status, "text": text}
-        for r, p in enumerate(procs):
-            outcome.setdefault(f"rank {r}", {"status": "no report", "text": f"exit code {p.exitcode}"})
-            text = open(logs[r]).read() if os.path.exists(logs[r]) else ""
-            outcome[f"rank {r}"]["stderr"] = [line for line in text.splitlines()
-                                              if line.strip() and not line.startswith("USDT")]
-    return dict(sorted(outcome.items()))
 
 
 # --- TorchScript deprecation -------------------------------------------------------------------
@@ -282,10 +194,3 @@ def benchmark(quick: bool = False) -> dict:
         return bench.compare({"plain": plain, "DebugMode": debug_mode, "DebugMode + hashes": hashes,
                               "detect_anomaly": anomaly}, repeats=3 if quick else 5,
                              min_run_time=0.02 if quick else 0.1)
-
-
-if __name__ == "__main__":      # the gloo launcher: python -m helpers.debugging SCENARIO WORLD TIMEOUT WALL_LIMIT
-    import json
-    import sys
-    name, world, timeout, wall = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-    print(json.dumps(_launch_ranks(name, world, timeout, wall)))
