@@ -54,13 +54,15 @@ matrix:
 
 # Free-threaded leg: a free-threaded CPython (found, or built once into the user's cache by
 # .ci/free-threaded-python), its own venv, then lesson 01, lab 01 and helpers.data's tests with the GIL
-# off; fails unless the section "Pure-Python scaling with threads" really ran. Record: runs/matrix/free-threaded/.
+# off; fails unless the section "Pure-Python scaling with threads" really ran. With the default venv (.venv)
+# present, lesson 01 also runs its benchmark there, side by side. Record: runs/matrix/free-threaded/.
 FT_SECTION = Pure-Python scaling with threads
 free-threaded:
 	$(MAKE) --no-print-directory setup ENV=free-threaded PYTHON="$$(.ci/free-threaded-python)"
 	.venv-free-threaded/bin/python -m helpers doctor
 	rm -rf runs/matrix/free-threaded
-	.venv-free-threaded/bin/python -m helpers run --label free-threaded --workers 1 --out runs/matrix/free-threaded \
+	$(if $(wildcard .venv/bin/python),LABS_OTHER_PYTHON=$(CURDIR)/.venv/bin/python) \
+	  .venv-free-threaded/bin/python -m helpers run --label free-threaded --workers 1 --out runs/matrix/free-threaded \
 	  --no-progress notebooks/01_free_threaded_data_loading.ipynb labs/solutions/01_data_loading_lab.ipynb
 	.venv-free-threaded/bin/python -c "import json, sys; r = json.load(open('runs/matrix/free-threaded/record.json')); \
 	  ran = [s['ran'] for n in r['notebooks'] for s in n['sections'] if s['section'] == '$(FT_SECTION)']; \

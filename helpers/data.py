@@ -19,8 +19,15 @@ forkserver, the default on Python 3.14 Linux, pickle the dataset; functions defi
 """
 from __future__ import annotations
 
+import json
+import os
 import queue
+import shlex
+import subprocess
+import sys
+import sysconfig
 import threading
+import time
 import warnings
 from typing import Callable, Iterable, Iterator
 
@@ -301,6 +308,132 @@ def benchmark(quick: bool = False) -> dict:
     return out
 
 
+# --- Memory: threads against processes -------------------------------------------------------
+
+def tree_pss_mb(pid: int | None = None) -> float:
+    """Proportional set size of a process and all its children, in MB: pages shared between them (torch's
+    libraries, memory a forked worker has not written) count once in total."""
+    import psutil
+    root = psutil.Process(pid)
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total / 2**20
+
+
+def _peak_while(load: Callable[[], object], interval_s: float) -> float:
+    """The highest tree_pss_mb() seen while load() runs, sampled on a side thread."""
+    peak, done = [tree_pss_mb()], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak.append(tree_pss_mb())
+            done.wait(interval_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        load()
+    finally:
+        done.set()
+        sampler.join()
+    return max(peak)
+
+
+def loader_memory(fn, items, workers: int, start_methods: Iterable[str] = ("fork",), *,
+                  interval_s: float = 0.01) -> dict[str, float]:
+    """What one epoch costs in memory, in MB of PSS above this process before it started: with `workers`
+    threads (thread_map), and with `workers` DataLoader processes started for the epoch by each of
+    `start_methods` ("fork", "forkserver", "spawn"; no persistent workers: each epoch starts them again)."""
+    before = tree_pss_mb()
+    out = {"before_mb": before,
+           "threads": _peak_while(lambda: count(thread_map(fn, items, workers=workers)), interval_s) - before}
+    for method in start_methods:
+        loader = torch.utils.data.DataLoader(MapDataset(items, fn), batch_size=None, num_workers=workers,
+                                             multiprocessing_context=method)
+        out[f"processes ({method})"] = _peak_while(lambda: count(loader), interval_s) - before
+    return out
+
+
+# --- The same benchmark in another interpreter -------------------------------------------------
+
+def interpreter_benchmark(n_texts: int = 32, words: int = 300, workers: int = 2, repeats: int = 3) -> dict:
+    """Seconds to tokenize n_texts documents serially and on `workers` threads, in this interpreter,
+    with what it is (version, free-threaded build, GIL on after torch's import)."""
+    texts = make_texts(n_texts, words=words)
+
+    def median(call) -> float:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]
+
+    count(map(tokenize, texts))      # warm-up
+    serial = median(lambda: count(map(tokenize, texts)))
+    threaded = median(lambda: count(thread_map(tokenize, texts, workers=workers)))
+    gil_check = getattr(sys, "_is_gil_enabled", None)
+    return {"python": sys.version.split()[0], "free_threaded": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+            "gil_enabled": gil_check() if gil_check else True, "texts": n_texts, "workers": workers,
+            "serial_s": serial, "threads_s": threaded, "speedup": serial / threaded}
+
+
+def interpreter_benchmark_in(python: str, timeout_s: float = 300, env: dict | None = None, **kwargs) -> dict:
+    """interpreter_benchmark run by another Python (a venv with torch and this package installed);
+    env: extra environment, e.g. {"PYTHON_GIL": "1"} to run a free-threaded build with the GIL on."""
+    done = subprocess.run([python, "-m", "helpers.data", json.dumps(kwargs)], capture_output=True, text=True,
+                          timeout=timeout_s, env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        raise RuntimeError(f"{python} -m helpers.data failed: {done.stderr.strip()[-1000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --- An extension that turns the GIL back on -------------------------------------------------
+
+_NOT_MARKED_EXTENSION = """
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+/* no Py_mod_gil slot: the module does not declare that it is safe without the GIL */
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "not_gil_safe", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_not_gil_safe(void) { return PyModule_Create(&module); }
+"""
+
+
+def build_not_gil_safe_extension(folder: str) -> str:
+    """Compile a tiny C extension that, like most extensions built before free-threading, does not
+    declare Py_mod_gil; returns the folder to put on sys.path. Needs this Python's headers and its C compiler."""
+    source = os.path.join(folder, "not_gil_safe.c")
+    with open(source, "w") as f:
+        f.write(_NOT_MARKED_EXTENSION)
+    target = os.path.join(folder, "not_gil_safe" + sysconfig.get_config_var("EXT_SUFFIX"))
+    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    subprocess.run([*cc, "-shared", "-fPIC", "-O0", f"-I{sysconfig.get_paths()['include']}", source, "-o", target],
+                   check=True, capture_output=True, text=True)
+    return folder
+
+
+def gil_after_import(folder: str, env: dict | None = None) -> dict:
+    """In a fresh interpreter like this one: is the GIL on before and after importing not_gil_safe, and
+    what did the import warn? env: extra environment (PYTHON_GIL=0 keeps the GIL off at your own risk)."""
+    code = ("import sys, warnings\n"
+            "before = sys._is_gil_enabled()\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            f"    sys.path.insert(0, {folder!r}); import not_gil_safe\n"
+            "import json; print(json.dumps({'before': before, 'after': sys._is_gil_enabled(), "
+            "'warnings': [f'{w.category.__name__}: {w.message}' for w in caught]}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        raise RuntimeError(f"the import check failed: {done.stderr.strip()[-1000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 # --- Lab checks -------------------------------------------------------------------------------
 
 RACE_HINT = ("outputs that change from run to run mean the threads share state: a buffer that every call "
@@ -334,3 +467,7 @@ def check_thread_safe(fn: Callable, items: list, expected: list, *, seed: int, w
             fail(what, f"run {run} with {workers} threads: {len(bad)} of {len(items)} items differ from the serial "
                        f"reference (first: item {bad[0]})", RACE_HINT)
     passed(what)
+
+
+if __name__ == "__main__":     # python -m helpers.data '{"n_texts": 32}': interpreter_benchmark as JSON
+    print(json.dumps(interpreter_benchmark(**json.loads(sys.argv[1] if len(sys.argv) > 1 else "{}"))))

@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 
 SECTION_LOG_ENV = "LABS_SECTION_LOG"
+OTHER_PYTHON_ENV = "LABS_OTHER_PYTHON"   # the other build's Python (GIL <-> free-threaded), for side-by-side runs
 ACCELERATORS = ("cuda", "rocm", "xpu", "mps", "cpu")
 TOOLCHAINS = {"cxx": ("c++", "g++", "clang++", "cl"), "ninja": ("ninja",), "nvcc": ("nvcc",),
               "hipcc": ("hipcc",), "icpx": ("icpx", "icx")}
@@ -58,6 +59,7 @@ class Capabilities:
     free_threaded: bool = False      # a 3.13t/3.14t build (Py_GIL_DISABLED)
     gil_enabled: bool = True         # whether the GIL is on right now
     features: dict[str, bool] = field(default_factory=dict)   # version-dependent torch features (FEATURES)
+    other_python: str | None = None  # LABS_OTHER_PYTHON, when it names an executable
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -138,6 +140,10 @@ def torch_features(torch_mod=torch) -> dict[str, bool]:
     return {name: bool(test(torch_mod)) for name, test in FEATURES.items()}
 
 
+def _other_python(path: str | None) -> str | None:
+    return path if path and os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
 def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shutil.which,
           cpu_flags: set[str] | None = None, config_var: Callable[[str], object] = sysconfig.get_config_var,
           features: Callable[[object], dict[str, bool]] = torch_features) -> Capabilities:
@@ -186,6 +192,7 @@ def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shu
         free_threaded=bool(config_var("Py_GIL_DISABLED")),
         gil_enabled=gil_check() if gil_check is not None else True,
         features=features(torch_mod),
+        other_python=_other_python(os.environ.get(OTHER_PYTHON_ENV)),
     )
 
 
@@ -260,6 +267,10 @@ NEEDS: dict[str, tuple[Callable[[Capabilities], bool], str]] = {
                         "environments/cpu.txt pins one)"),
     "free_threaded": (lambda c: c.free_threaded,
                       "a free-threaded CPython 3.13t/3.14t with a matching torch (environments/free-threaded.txt)"),
+    "other_python": (lambda c: c.other_python is not None,
+                     f"{OTHER_PYTHON_ENV}=PATH naming the Python of a venv of the other build (a GIL build "
+                     f"beside a free-threaded one, or the reverse) with torch and this package; "
+                     f"make free-threaded sets it"),
     "gil_disabled": (lambda c: not c.gil_enabled,
                      "a free-threaded CPython with the GIL off (no extension re-enabled it; PYTHON_GIL=0)"),
 }
@@ -274,6 +285,8 @@ def _found(name: str, c: Capabilities) -> str:
         return f"{package} not installed"
     if name in c.features:
         return f"torch {c.torch_version} lacks it"
+    if name == "other_python":
+        return f"{OTHER_PYTHON_ENV} is {os.environ.get(OTHER_PYTHON_ENV) or 'unset'}"
     if name in ("free_threaded", "gil_disabled"):
         return f"Python {c.python_version}, free-threaded build: {c.free_threaded}, GIL on: {c.gil_enabled}"
     return f"this machine: {c.accelerator} ({c.device_name}{', ' + c.arch if c.arch else ''})"
