@@ -1,4 +1,7 @@
 """helpers.data: every property of thread_map, the transforms, and the loaders the lesson compares."""
+import subprocess
+import sys
+import sysconfig
 import threading
 import time
 
@@ -274,3 +277,40 @@ def test_closing_joins_workers_when_the_loop_body_raises():
                 if x == 9:
                     1 / 0
     assert live_workers() == 0
+
+
+def test_interpreter_benchmark_describes_and_times_this_interpreter():
+    r = data.interpreter_benchmark(n_texts=4, words=50, workers=2, repeats=1)
+    assert r["python"] == sys.version.split()[0] and r["free_threaded"] == bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+    assert r["serial_s"] > 0 and r["threads_s"] > 0 and r["speedup"] == pytest.approx(r["serial_s"] / r["threads_s"])
+
+
+def test_interpreter_benchmark_in_another_python_and_its_failure():
+    r = data.interpreter_benchmark_in(sys.executable, n_texts=4, words=50, repeats=1)
+    assert r["texts"] == 4 and r["python"] == sys.version.split()[0]
+    with pytest.raises(RuntimeError, match="helpers.data failed"):
+        data.interpreter_benchmark_in(sys.executable, n_texts="many")
+
+
+def test_loader_memory_reports_threads_and_each_start_method():
+    texts = data.make_texts(4, words=50)
+    memory = data.loader_memory(data.tokenize, texts, 1, ("fork",))
+    assert set(memory) == {"before_mb", "threads", "processes (fork)"}
+    assert memory["before_mb"] > 10 and all(isinstance(v, float) for v in memory.values())
+
+
+@pytest.mark.requires("cxx")
+def test_the_not_gil_safe_extension_builds_and_imports(tmp_path):
+    folder = data.build_not_gil_safe_extension(str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {folder!r}); "
+                           "import not_gil_safe; print(not_gil_safe.answer())"], capture_output=True, text=True)
+    assert done.stdout.strip() == "42", done.stderr
+
+
+@pytest.mark.requires("free_threaded", "cxx")
+def test_importing_it_turns_the_gil_back_on_unless_python_gil_is_0(tmp_path):
+    folder = data.build_not_gil_safe_extension(str(tmp_path))
+    plain = data.gil_after_import(folder)
+    assert plain["before"] is False and plain["after"] is True
+    assert any("not_gil_safe" in w and "GIL" in w for w in plain["warnings"]), plain["warnings"]
+    assert data.gil_after_import(folder, env={"PYTHON_GIL": "0"})["after"] is False

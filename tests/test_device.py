@@ -162,6 +162,15 @@ def test_a_missing_package_is_named_in_the_skip_reason():
     assert "(this machine: cpu" in skip_reason(["triton_gpu"], with_triton)
 
 
+def test_the_other_build_is_named_by_an_environment_variable(monkeypatch):
+    monkeypatch.setenv(device.OTHER_PYTHON_ENV, sys.executable)
+    assert probe_fake(fake_torch(None)).other_python == sys.executable
+    monkeypatch.setenv(device.OTHER_PYTHON_ENV, "/nowhere/python")
+    caps = probe_fake(fake_torch(None))
+    assert caps.other_python is None
+    assert "LABS_OTHER_PYTHON is /nowhere/python" in skip_reason(["other_python"], caps)
+
+
 def test_apple_mps():
     caps = probe_fake(fake_torch("mps"))
     assert (caps.accelerator, caps.device_type) == ("mps", "mps")
