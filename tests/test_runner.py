@@ -151,3 +151,23 @@ def test_one_vs_two_workers(tmp_path):
 def test_default_workers_fits_the_machine():
     from helpers.device import capabilities
     assert 1 <= default_workers() <= capabilities().cpu_count
+
+
+def test_a_kernel_that_dies_before_its_first_reply_is_started_once_more(monkeypatch, tmp_path):
+    import papermill
+
+    from helpers.runner import drive
+    calls = []
+
+    def execute_notebook(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError(drive.KERNEL_START_FAILED)
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_notebook)
+    job = {"input": "in.ipynb", "output": "out.ipynb", "parameters": {}, "cwd": str(tmp_path), "cell_timeout": 5}
+    result = drive.drive(job)
+    assert result["outcome"] == "passed" and len(calls) == 2 and drive.KERNEL_START_FAILED in result["kernel_restarted"]
+    calls.clear()
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("other")))
+    assert drive.drive(job)["outcome"] == "runner-error"     # any other failure is not retried

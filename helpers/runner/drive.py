@@ -15,6 +15,8 @@ from pathlib import Path
 
 from helpers.files import write_text_atomic
 
+KERNEL_START_FAILED = "Kernel died before replying to kernel_info"
+
 
 def drive(job: dict) -> dict:
     # jsonschema imports the optional rfc3987_syntax, which builds a grammar on import (1-2 s of CPU
@@ -31,11 +33,23 @@ def drive(job: dict) -> dict:
             await super()._async_post_start_kernel(**kw)
             launched.append(self.provisioner.process)
 
-    result: dict = {"outcome": "passed"}
-    try:
+    def execute():
         papermill.execute_notebook(job["input"], job["output"], parameters=job["parameters"], cwd=job["cwd"],
                                    execution_timeout=job["cell_timeout"], progress_bar=False,
                                    kernel_name="python3", kernel_manager_class=RecordingKernelManager)
+
+    result: dict = {"outcome": "passed"}
+    restarted = None
+    try:
+        try:
+            execute()
+        except RuntimeError as exc:
+            # seen when two kernels start at once on a loaded machine: the new kernel exits before any
+            # cell ran, so starting it once more is safe; the record says it happened
+            if KERNEL_START_FAILED not in str(exc):
+                raise
+            restarted = str(exc)
+            execute()
     except papermill.PapermillExecutionError as exc:
         result = {"outcome": "cell-error", "cell": exc.cell_index, "ename": exc.ename, "evalue": exc.evalue}
     except CellTimeoutError as exc:
@@ -44,6 +58,8 @@ def drive(job: dict) -> dict:
         result = {"outcome": "kernel-died", "evalue": str(exc)}
     except Exception as exc:   # anything else is the runner's own failure, reported as such
         result = {"outcome": "runner-error", "ename": type(exc).__name__, "evalue": str(exc)[:2000]}
+    if restarted:
+        result["kernel_restarted"] = restarted
     result["kernel_exit"] = launched[-1].poll() if launched else None
     # the largest resident set of any waited-for child: the kernel (kilobytes on Linux)
     result["kernel_max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)

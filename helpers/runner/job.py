@@ -220,6 +220,8 @@ def execute_job(job: dict) -> dict:
                 result = json.loads((workdir / "result.json").read_text())
             record["peak_memory_mb"] = round(max(peak, result.get("kernel_max_rss_mb") or 0.0), 1)
             record["fault"], record["detail"] = _classify(result, stopped, job, peak)
+            if result.get("kernel_restarted"):
+                record["kernel_restarted"] = result["kernel_restarted"]
             if record["fault"] == "runner-error" and not result:
                 record["detail"] += ": " + (workdir / "driver.log").read_text()[-800:]
             nb = _read_notebook(out)
