@@ -181,8 +181,8 @@ def snapshot_summary(snapshot: dict) -> dict:
 
 
 def nested_pools(size: int = 1 << 20) -> dict:
-    """Allocate in an outer MemPool, then an inner one, then the outer again (nesting fixed in 2.10):
-    returns how many bytes each pool's snapshot holds."""
+    """Allocate in an outer MemPool, then in an inner one (before 2.10 that landed in the outer pool,
+    #161193), then in the outer again; returns how many bytes each pool's snapshot holds."""
     outer, inner = torch.cuda.MemPool(), torch.cuda.MemPool()
     keep = []
     with torch.cuda.use_mem_pool(outer):
