@@ -40,7 +40,7 @@ def dockerfile(tmp_path_factory):
     if not exe.exists():
         pytest.skip("repo2docker not installed (pip install jupyter-repo2docker)")
     copy = tmp_path_factory.mktemp("r2d") / "repo"
-    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "__pycache__"))
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".venv*", ".git", "runs", "__pycache__"))
     done = subprocess.run([str(exe), "--no-build", "--debug", str(copy)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
