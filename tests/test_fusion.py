@@ -93,8 +93,13 @@ def test_generated_code_parsing():
 def test_combo_options_exist_in_inductor_config():
     import torch._inductor.config as config
     for name in (*fusion.COMBO_ON, *fusion.COMBO_OFF, "combo_kernels_autotune", "combo_kernel_allow_mixed_sizes",
-                 "combo_kernel_max_num_args", "combo_kernel_max_num_nodes"):
+                 "combo_kernel_max_num_args"):
         assert hasattr(config, name), name
+    # lesson 02: at most 8 kernels per combo kernel, hard-coded in 2.10's scheduler, an option later
+    import inspect
+
+    import torch._inductor.scheduler as scheduler
+    assert getattr(config, "combo_kernel_max_num_nodes", None) == 8 or "max_num_nodes = 8" in inspect.getsource(scheduler)
     assert hasattr(config.cpp, "max_horizontal_fusion_size")
     assert config.combo_kernels is False, "combo kernels are off by default"
     assert fusion.COMBO_ON["benchmark_combo_kernel"] is False and fusion.COMBO_OFF["benchmark_combo_kernel"] is False

@@ -131,6 +131,13 @@ def check_fake(op=None, what: str = "Exercise 2: the fake kernel") -> None:
         fail(what, f"on two (3, 5) float32 inputs it returned {_describe(out)}",
              "return a tensor with gate's shape and dtype: torch.empty_like(gate)")
     transposed = (torch.randn(5, 3).t(), torch.randn(3, 5))     # the C++ wrapper returns it contiguous
+    # strides compared here as well as by opcheck: torch 2.10's test_faketensor lets a stride mismatch pass
+    real = op(*transposed)
+    fake = op(*(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in transposed))
+    if fake.stride() != real.stride():
+        fail(what, f"on a transposed gate the fake kernel returns strides {fake.stride()}, the real op "
+                   f"{real.stride()}", "allocate what the C++ kernel allocates, a contiguous tensor: "
+                   "torch.empty_like(gate, memory_format=torch.contiguous_format)")
     _opcheck(op, [_sample((3, 5), torch.float32), transposed], ("test_faketensor",), what)
     for bad_up in (torch.empty(3, 4, device="meta"), torch.empty(3, 5, device="meta", dtype=torch.float64)):
         try:

@@ -110,7 +110,9 @@ def run_submission(notebook: Path, spec: LabSpec, inputs_file: Path, protected: 
             job = {"skip_cells": skip, "workdir": str(work), "notebook": str(copy), "inputs": str(inputs_file),
                    "exercises": remaining, "protected": [str(p) for p in protected],
                    "memory_limit_mb": memory_limit_mb, "cpu_seconds": time_limit * threads + 5,
-                   "address_space_limit_mb": memory_limit_mb if capabilities().accelerator == "cpu" else None,
+                   # a GPU build of torch maps gigabytes of libraries even with no GPU: its address space is
+                   # no measure of memory, so there only the watcher's PSS limit applies
+                   "address_space_limit_mb": memory_limit_mb if capabilities().build_accelerator is None else None,
                    "allow_processes": spec.allow_processes, "threads": threads,
                    "cell_timeout": cell_timeout, "call_timeout": call_timeout, "path": str(work / "job.json")}
             Path(job["path"]).write_text(json.dumps(job))

@@ -87,7 +87,7 @@ def _save(results: dict, path: Path) -> None:
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     work = Path(job["workdir"])
-    if job["address_space_limit_mb"]:   # CPU-only machines: GPU runtimes reserve far more address space
+    if job["address_space_limit_mb"]:   # CPU-only torch builds: GPU builds map far more address space
         limit_bytes = int(job["address_space_limit_mb"] * 2**20)
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
     cpu = int(job["cpu_seconds"])
