@@ -85,5 +85,7 @@ def test_gloo_job_rejects_unknown_scenarios():
 
 def test_torchscript_warnings_are_deprecations(tmp_path):
     lines = debugging.torchscript_warnings(nn.Linear(2, 2), torch.randn(1, 2), str(tmp_path / "m.pt"))
-    assert "DeprecationWarning: `torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`." in lines
-    assert "DeprecationWarning: `torch.jit.load` is deprecated. Please switch to `torch.export`." in lines
+    # DeprecationWarning on torch 2.10-2.13, FutureWarning (shown by default) from 2.14
+    category = "FutureWarning" if tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 14) else "DeprecationWarning"
+    assert f"{category}: `torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`." in lines
+    assert f"{category}: `torch.jit.load` is deprecated. Please switch to `torch.export`." in lines
