@@ -312,16 +312,12 @@ def benchmark(quick: bool = False) -> dict:
 
 def tree_pss_mb(pid: int | None = None) -> float:
     """Proportional set size of a process and all its children, in MB: pages shared between them (torch's
-    libraries, memory a forked worker has not written) count once in total."""
+    libraries, memory a forked worker has not written) count once in total. The batch runner's measure."""
     import psutil
+
+    from helpers.runner.job import _memory_mb, _tree
     root = psutil.Process(pid)
-    total = 0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            total += proc.memory_full_info().pss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total / 2**20
+    return _memory_mb([root, *_tree(root)])
 
 
 def _peak_while(load: Callable[[], object], interval_s: float) -> float:
