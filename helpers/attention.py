@@ -226,7 +226,7 @@ def compile_and_compare(batch: int, seq: int, dim: int = 128, heads: int = 4, *,
         compile_s = time.perf_counter() - start
         diff = (got - block(x)).abs().max().item()
         result = bench.compare({"eager": lambda: block(x), "compiled": lambda: compiled(x)},
-                               baseline="eager", repeats=repeats, min_run_time=min_run_time)
+                               baseline="eager", repeats=repeats, min_run_time=min_run_time, device="cpu")
     result["compile_s"], result["max_abs_diff"], result["shape"] = compile_s, diff, [batch, seq, dim]
     return result
 
@@ -261,7 +261,7 @@ def time_ragged(lengths: list[int], heads: int = 4, head_dim: int = 64, repeats:
     r = bench.compare({"padded + mask": lambda: padded_attention(seqs),
                        "jagged nested": lambda: jagged_attention(seqs),
                        "loop per sequence": lambda: loop_attention(seqs)},
-                      baseline="padded + mask", repeats=repeats, min_run_time=min_run_time)
+                      baseline="padded + mask", repeats=repeats, min_run_time=min_run_time, device="cpu")
     r["lengths"], r["wasted_fraction"] = list(lengths), wasted_fraction(lengths)
     return r
 

@@ -1,10 +1,13 @@
 """The one benchmarking helper every lesson uses.
 
-    result = compare({"eager": f, "compiled": g}, baseline="eager")
+    result = compare({"eager": f, "compiled": g}, baseline="eager", device=DEVICE)
     print(table(result)); save_json(result, "bench.json"); plot(result).show()
 
 Candidates are timed interleaved (A, B, A, B, ... in rotating order) with torch.utils.benchmark and an
-explicit thread count, after warm-up, synchronising the accelerator inside the timed statement.
+explicit thread count, after warm-up. `device` is required: it is the device whose work is timed, and it
+is written into the result and the table. On an accelerator the clock waits for the device at the start
+and end of each timed block of calls (never inside one), so queued kernels are counted and launches
+still overlap, as torch.utils.benchmark does for CUDA.
 Each repeat gives one per-call time; the result holds the median and spread of the repeats and the
 ratio of every candidate to the baseline. Speed is reported, never asserted.
 """
@@ -15,6 +18,7 @@ import json
 import os
 import statistics
 import time
+import timeit
 from pathlib import Path
 from typing import Callable
 
@@ -25,20 +29,21 @@ from helpers.device import capabilities, pick_device, synchronize
 from helpers.files import write_text_atomic
 
 
-def _timed(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+def _clock(device: torch.device) -> Callable[[], float]:
+    """timeit's clock, after waiting for the device's queued work (the CPU's clock as it is)."""
     if device.type == "cpu":
-        return fn
-    def run():
-        fn()
+        return timeit.default_timer
+    def synchronized_clock() -> float:
         synchronize(device)
-    return run
+        return timeit.default_timer()
+    return synchronized_clock
 
 
 def compare(candidates: dict[str, Callable[[], object]], *, baseline: str | None = None,
             repeats: int = 5, min_run_time: float = 0.1, warmup: int = 2,
-            threads: int | None = None, device: torch.device | str | None = None,
+            threads: int | None = None, device: torch.device | str,
             work: float | None = None, work_unit: str = "GFLOP") -> dict:
-    """Time each zero-argument callable; return a JSON-ready dict.
+    """Time each zero-argument callable on `device` (where its tensors live); return a JSON-ready dict.
 
     work: the amount of work one call does (e.g. GFLOP or GB); adds a throughput per candidate.
     """
@@ -49,15 +54,16 @@ def compare(candidates: dict[str, Callable[[], object]], *, baseline: str | None
         raise ValueError(f"baseline {baseline!r} is not one of {list(candidates)}")
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    device = torch.device(device) if device is not None else pick_device()
+    device = torch.device(device)
     threads = threads or torch.get_num_threads()
     timers = {}
     for name, fn in candidates.items():
-        run = _timed(fn, device)
         for _ in range(warmup):
-            run()
-        timers[name] = tbench.Timer(stmt="run()", globals={"run": run}, num_threads=threads,
-                                    label=name)
+            fn()
+        if device.type != "cpu":
+            synchronize(device)
+        timers[name] = tbench.Timer(stmt="run()", globals={"run": fn}, num_threads=threads,
+                                    label=name, timer=_clock(device))
     samples: dict[str, list[float]] = {name: [] for name in candidates}
     names = list(candidates)
     for r in range(repeats):
@@ -84,9 +90,18 @@ def _machine_summary() -> dict:
             "cpu": c.cpu_name, "cpu_count": c.cpu_count}
 
 
+def timed_on(result: dict) -> str:
+    """What a result timed, in words: "cpu (2 threads)" or "cuda:0 (NVIDIA H200)"."""
+    m = result["machine"]
+    if result["device"].startswith("cpu"):
+        return f"cpu ({result['threads']} threads, {m['cpu']})"
+    return f"{result['device']} ({m['device_name']})"
+
+
 def table(result: dict) -> str:
     """A plain-text table: median, spread, and speed relative to the baseline."""
-    rows = [f"{'candidate':<28}{'median':>12}{'spread (min-max)':>24}{'vs ' + result['baseline']:>14}"]
+    rows = [f"timed on {timed_on(result)}",
+            f"{'candidate':<28}{'median':>12}{'spread (min-max)':>24}{'vs ' + result['baseline']:>14}"]
     for name, r in result["results"].items():
         rows.append(f"{name:<28}{_fmt(r['median_s']):>12}{_fmt(r['min_s']) + ' - ' + _fmt(r['max_s']):>24}"
                     f"{r['ratio_to_baseline']:>13.2f}x")
@@ -125,11 +140,10 @@ def plot(result: dict, title: str = "Median time per call (error bars: min to ma
 LIMITS_CACHE = Path(os.environ.get("LABS_CACHE", Path.home() / ".cache" / "pytorch-210-labs")) / "limits.json"
 
 
-def measure_limits(threads: int | None = None, device: torch.device | str | None = None,
-                   quick: bool = False) -> dict:
+def measure_limits(threads: int | None = None, *, device: torch.device | str, quick: bool = False) -> dict:
     """Measure memory read bandwidth (GB/s, a sum over a large fp32 tensor) and fp32 GEMM peak
-    (GFLOP/s, square matmul) on this device, with the given thread count."""
-    device = torch.device(device) if device is not None else pick_device()
+    (GFLOP/s, square matmul) on `device`, with the given thread count."""
+    device = torch.device(device)
     threads = threads or torch.get_num_threads()
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -149,11 +163,13 @@ def measure_limits(threads: int | None = None, device: torch.device | str | None
 
 
 @functools.cache
-def machine_limits(threads: int | None = None, device: str | None = None) -> dict:
-    """This machine's limits, measured once and cached on disk per device, thread count and torch."""
-    dev = str(torch.device(device) if device is not None else pick_device())
+def machine_limits(threads: int | None = None, *, device: str) -> dict:
+    """This machine's limits on `device`, measured once and cached on disk per device, thread count and
+    torch."""
+    dev = str(torch.device(device))
     threads = threads or torch.get_num_threads()
-    key = f"{capabilities().device_name}|{dev}|{threads}|{torch.__version__}"
+    name = capabilities().cpu_name if dev == "cpu" else capabilities().device_name
+    key = f"{name}|{dev}|{threads}|{torch.__version__}"
     cache = json.loads(LIMITS_CACHE.read_text()) if LIMITS_CACHE.exists() else {}
     if key not in cache:
         cache[key] = measure_limits(threads=threads, device=dev)
@@ -166,5 +182,5 @@ def percent_of_limit(value: float, limit: float) -> float:
 
 
 def benchmark(quick: bool = False) -> dict:
-    """`python -m helpers bench bench`: this machine's limits, freshly measured."""
-    return measure_limits(quick=quick)
+    """`python -m helpers bench bench`: this machine's limits on its default device, freshly measured."""
+    return measure_limits(quick=quick, device=pick_device())

@@ -90,12 +90,14 @@ def check_raises(fn: Callable[[], object], exception: type[BaseException], *, wh
 
 
 def check_speedup(fast: Callable[[], object], slow: Callable[[], object], *, at_least: float, what: str,
-                  hint: str = "", repeats: int = 5, threads: int | None = None,
+                  device: torch.device | str, hint: str = "", repeats: int = 5, threads: int | None = None,
                   baseline_name: str = "the reference") -> float:
-    """`fast` is at least `at_least` times faster than `slow`, measured side by side (on `threads`
-    threads; default: torch's current count); returns the ratio. Labs only: tests never assert speed."""
+    """`fast` is at least `at_least` times faster than `slow`, measured side by side on `device` (on
+    `threads` threads; default: torch's current count); returns the ratio. Labs only: tests never
+    assert speed."""
     from helpers.bench import compare
-    result = compare({"slow": slow, "fast": fast}, baseline="slow", repeats=repeats, threads=threads)
+    result = compare({"slow": slow, "fast": fast}, baseline="slow", repeats=repeats, threads=threads,
+                     device=device)
     ratio, on = result["results"]["fast"]["ratio_to_baseline"], f"{result['threads']} thread(s)"
     if ratio < at_least:
         fail(what, f"{ratio:.2f}x faster than {baseline_name} ({on}), the target is {at_least:.2f}x",

@@ -193,4 +193,4 @@ def benchmark(quick: bool = False) -> dict:
         warnings.simplefilter("ignore")       # detect_anomaly warns on every entry
         return bench.compare({"plain": plain, "DebugMode": debug_mode, "DebugMode + hashes": hashes,
                               "detect_anomaly": anomaly}, repeats=3 if quick else 5,
-                             min_run_time=0.02 if quick else 0.1)
+                             min_run_time=0.02 if quick else 0.1, device="cpu")

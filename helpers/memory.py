@@ -152,7 +152,7 @@ def checkpoint_comparison(batch: int = 512, width: int = 256, depth: int = 4, *,
         out["activation_peak_bytes"][name] = peak_bytes(tl, "activation")
         candidates[name] = step
     out["timing"] = bench.compare(candidates, baseline="stored activations", repeats=repeats,
-                                  min_run_time=min_run_time)
+                                  min_run_time=min_run_time, device="cpu")
     return out
 
 

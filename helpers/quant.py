@@ -404,7 +404,7 @@ def check_deployment(quantized: nn.Module, reference: nn.Module, inputs: torch.T
     one = inputs[:1]
     with torch.no_grad():
         timing = bench.compare({"fp32": lambda: reference(one), "quantized": lambda: quantized(one)},
-                               baseline="fp32", repeats=5, min_run_time=0.05)
+                               baseline="fp32", repeats=5, min_run_time=0.05, device=one.device)
     speedup = timing["results"]["quantized"]["ratio_to_baseline"]
     print(f"batch-1 speed-up: {speedup:.2f}x" + (f" (target {min_speedup:.1f}x)" if min_speedup else " (no target in quick mode)"))
     if min_speedup is not None and speedup < min_speedup:
@@ -454,8 +454,10 @@ def benchmark(quick: bool = False) -> dict:
     for threads in sorted({1, torch.get_num_threads()}):
         with torch.no_grad():
             result = bench.compare({name: fn for name, (fn, _) in candidates.items()}, baseline="fp32 F.linear",
-                                   repeats=3 if quick else 5, min_run_time=0.05 if quick else 0.2, threads=threads)
-        limits = bench.measure_limits(threads=threads, quick=True) if quick else bench.machine_limits(threads=threads)
+                                   repeats=3 if quick else 5, min_run_time=0.05 if quick else 0.2, threads=threads,
+                                   device="cpu")
+        limits = (bench.measure_limits(threads=threads, quick=True, device="cpu") if quick
+                  else bench.machine_limits(threads=threads, device="cpu"))
         for name, (_, bytes_per_weight) in candidates.items():
             entry = result["results"][name]
             entry["weight_bytes"] = bytes_per_weight * n * k

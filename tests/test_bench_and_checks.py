@@ -11,7 +11,7 @@ from helpers.checks import CheckFailed, check_close, check_equal, check_raises, 
 
 def test_compare_reports_medians_spread_and_ratios(tmp_path):
     result = bench.compare({"slow": lambda: time.sleep(0.002), "fast": lambda: None},
-                           baseline="slow", repeats=3, min_run_time=0.01, work=1.0)
+                           baseline="slow", repeats=3, min_run_time=0.01, work=1.0, device="cpu")
     slow, fast = result["results"]["slow"], result["results"]["fast"]
     assert result["threads"] == torch.get_num_threads() and result["baseline"] == "slow"
     assert len(slow["repeats_s"]) == 3 and slow["min_s"] <= slow["median_s"] <= slow["max_s"]
@@ -21,11 +21,33 @@ def test_compare_reports_medians_spread_and_ratios(tmp_path):
     path = bench.save_json(result, tmp_path / "out" / "r.json")
     assert json.loads(path.read_text())["results"]["fast"]["median_s"] == fast["median_s"]
     assert "slow" in bench.table(result) and bench.plot(result).data[0].x == ("slow", "fast")
+    assert bench.table(result).startswith(f"timed on cpu ({result['threads']} threads")
+
+
+def test_compare_requires_the_device_it_times():
+    with pytest.raises(TypeError, match="device"):
+        bench.compare({"a": lambda: None})
+
+
+def test_accelerator_timing_waits_for_the_device_per_block_not_per_call(monkeypatch):
+    syncs, calls = [], []
+    monkeypatch.setattr(bench, "synchronize", lambda device: syncs.append(str(device)))
+    result = bench.compare({"a": lambda: calls.append(1)}, repeats=2, min_run_time=0.01, warmup=1,
+                           device="cuda")
+    assert result["device"] == "cuda" and set(syncs) == {"cuda"}
+    assert len(calls) > 100 and len(syncs) < len(calls) / 10      # a block of many calls per pair of waits
+    assert bench.table(result).startswith("timed on cuda (")
+
+
+def test_cpu_timing_never_touches_an_accelerator(monkeypatch):
+    monkeypatch.setattr(bench, "synchronize", lambda device: pytest.fail("synchronized a CPU timing"))
+    bench.compare({"a": lambda: None}, repeats=1, min_run_time=0.001, device="cpu")
 
 
 def test_compare_uses_the_thread_count_it_is_given():
     seen = []
-    bench.compare({"a": lambda: seen.append(torch.get_num_threads())}, threads=1, repeats=1, min_run_time=0.001)
+    bench.compare({"a": lambda: seen.append(torch.get_num_threads())}, threads=1, repeats=1, min_run_time=0.001,
+                  device="cpu")
     assert set(seen[2:]) == {1}       # after the warm-up calls, the Timer's own thread setting applies
 
 
@@ -34,11 +56,11 @@ def test_compare_uses_the_thread_count_it_is_given():
 def test_compare_rejects_bad_arguments(kwargs, text):
     candidates = {} if not kwargs else {"a": lambda: None}
     with pytest.raises(ValueError, match=text):
-        bench.compare(candidates, **kwargs)
+        bench.compare(candidates, device="cpu", **kwargs)
 
 
 def test_measured_limits_are_plausible():
-    limits = bench.measure_limits(quick=True)
+    limits = bench.measure_limits(quick=True, device="cpu")
     assert 0.5 < limits["read_bandwidth_gbs"] < 5000 and 1 < limits["fp32_gemm_gflops"] < 1e6
 
 

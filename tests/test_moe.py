@@ -234,4 +234,4 @@ def test_check_beats_padded_fails_with_a_hint_when_too_slow():
     work = torch.randn(64, 64)
     with pytest.raises(CheckFailed, match="the target is 1000000.00x"):
         moe.check_beats_padded(lambda: work @ work, lambda: work @ work, at_least=1e6, what="speed",
-                               repeats=1)
+                               device="cpu", repeats=1)
