@@ -34,6 +34,8 @@ ACCELERATORS = ("cuda", "rocm", "xpu", "mps", "cpu")
 TOOLCHAINS = {"cxx": ("c++", "g++", "clang++", "cl"), "ninja": ("ninja",), "nvcc": ("nvcc",),
               "hipcc": ("hipcc",), "icpx": ("icpx", "icx")}
 FP8_ROCM_ARCHS = ("gfx942", "gfx950")
+FNUZ_FP8_ARCHS = ("gfx942",)        # MI300's FP8 is the *_fnuz encoding (max 240); gfx950 uses OCP e4m3fn
+CUTLASS_GROUPED_MM_MAJORS = (9, 10)  # _grouped_mm_cuda's fast path: _scaled_mm_allowed_device(sm90, sm100)
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class Capabilities:
     arch: str | None                 # "sm_90", "gfx942", an XPU name, or the CPU's vector ISA
     memory_gb: float | None          # accelerator memory, or the machine's RAM on CPU
     bf16: bool                       # native bf16 arithmetic (tensor cores, AVX512-BF16/AMX on CPU)
-    fp8: bool                        # native FP8 matmul units (sm_89+, gfx942/gfx950)
+    fp8: bool                        # FP8 matmul on the accelerator (sm_89+, gfx942/gfx950; on XPU: tried)
     torch_version: str
     cuda_version: str | None
     hip_version: str | None
@@ -130,6 +132,18 @@ def _rowwise_scaled_mm_on_cpu(torch_mod) -> bool:
     return True
 
 
+def _fp8_scaled_mm_runs(torch_mod, device: str) -> bool:
+    """A tensor-wise FP8 torch._scaled_mm on `device` (the XPU kernel is new in 2.10, #165978; whether an
+    Intel GPU runs it depends on the GPU and driver, so it is tried, not assumed)."""
+    try:
+        a = torch_mod.ones(16, 16, device=device).to(torch_mod.float8_e4m3fn)
+        one = torch_mod.ones((), device=device)
+        torch_mod._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch_mod.bfloat16)
+    except (RuntimeError, AttributeError, TypeError, NotImplementedError):
+        return False
+    return True
+
+
 # name -> test on the torch module: each feature is tried, not read from the version number
 FEATURES: dict[str, Callable] = {
     "fp8_rowwise_cpu": _rowwise_scaled_mm_on_cpu,
@@ -146,7 +160,8 @@ def _other_python(path: str | None) -> str | None:
 
 def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shutil.which,
           cpu_flags: set[str] | None = None, config_var: Callable[[str], object] = sysconfig.get_config_var,
-          features: Callable[[object], dict[str, bool]] = torch_features) -> Capabilities:
+          features: Callable[[object], dict[str, bool]] = torch_features,
+          fp8_runs: Callable[[object, str], bool] = _fp8_scaled_mm_runs) -> Capabilities:
     """Inspect the machine. The arguments exist so tests can fake every vendor and torch version."""
     build, device_type = _accelerators(torch_mod)
     hip = getattr(torch_mod.version, "hip", None)
@@ -169,6 +184,7 @@ def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shu
         name, memory_gb = props.name, round(props.total_memory / 2**30, 1)
         arch = name
         bf16 = True
+        fp8 = fp8_runs(torch_mod, "xpu")
     elif device_type == "mps":
         name, arch, bf16 = "Apple GPU", "mps", True
     else:
@@ -232,8 +248,12 @@ def _package(name: str):
 NEEDS: dict[str, tuple[Callable[[Capabilities], bool], str]] = {
     "cuda": (lambda c: c.accelerator == "cuda",
              "an NVIDIA GPU with a CUDA build of torch (environments/cuda.txt)"),
-    "sm90": (lambda c: c.accelerator == "cuda" and c.arch is not None and int(c.arch[3:]) >= 90,
-             "an NVIDIA Hopper or newer GPU (sm_90+, e.g. H100/H200/B200)"),
+    "grouped_mm_cutlass": (lambda c: c.accelerator == "cuda" and c.arch is not None
+                           and int(c.arch[3:]) // 10 in CUTLASS_GROUPED_MM_MAJORS,
+                           "an NVIDIA GPU where grouped_mm takes its CUTLASS kernel: sm_90 (H100/H200) or "
+                           "sm_100 (B200/GB200); other GPUs, sm_120 included, take the loop of regular GEMMs"),
+    "torch_cuda": (lambda c: c.accelerator in ("cuda", "rocm"),
+                   "an NVIDIA or AMD GPU: torch.cuda's API (ROCm builds of torch use it too)"),
     "rocm": (lambda c: c.accelerator == "rocm",
              "an AMD GPU with a ROCm build of torch (environments/rocm.txt)"),
     "rocm_ck": (lambda c: c.accelerator == "rocm" and c.arch in FP8_ROCM_ARCHS,
@@ -246,7 +266,8 @@ NEEDS: dict[str, tuple[Callable[[Capabilities], bool], str]] = {
     "accelerator": (lambda c: c.accelerator != "cpu", "any accelerator torch supports (CUDA, ROCm, XPU, MPS)"),
     "bf16": (lambda c: c.bf16, "hardware with native bf16 (Ampere+ GPU, MI200+, Intel GPU, or a CPU with "
              "AVX512-BF16/AMX)"),
-    "fp8": (lambda c: c.fp8, "a GPU with FP8 matmul units (NVIDIA sm_89+ such as L4/H100, AMD MI300+)"),
+    "fp8": (lambda c: c.fp8, "a GPU with FP8 matmul (NVIDIA sm_89+ such as L4/H100, AMD MI300+, an Intel GPU "
+                             "whose driver runs torch 2.10's XPU _scaled_mm)"),
     "cxx": (_tool("cxx"), "a C++ compiler on PATH (apt install g++, or Xcode command-line tools)"),
     "ninja": (_tool("ninja"), "ninja on PATH (pip install ninja)"),
     "nvcc": (_tool("nvcc"), "the CUDA toolkit's nvcc on PATH"),
@@ -371,3 +392,12 @@ def quick_mode(requested: bool) -> bool:
     """Quick mode (small sizes) when the notebook's QUICK parameter asks for it, or when the
     environment sets LABS_QUICK=1 (the test suite does, since nbval cannot pass parameters)."""
     return bool(requested) or os.environ.get(QUICK_ENV) == "1"
+
+
+def fp8_dtype(device: torch.device | str = "cpu", caps: Capabilities | None = None) -> torch.dtype:
+    """The e4m3 FP8 format `device` computes in: float8_e4m3fnuz on MI300 (gfx942), float8_e4m3fn
+    elsewhere (NVIDIA, MI350, Intel GPUs, the CPU)."""
+    caps = caps or capabilities()
+    if torch.device(device).type != "cpu" and caps.accelerator == "rocm" and caps.arch in FNUZ_FP8_ARCHS:
+        return torch.float8_e4m3fnuz
+    return torch.float8_e4m3fn

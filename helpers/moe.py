@@ -223,7 +223,7 @@ def triton_gemm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
     kernel[grid](xs, w, out, as_index(tile_expert), as_index(tile_row), offs, N, K,
                  xs.stride(0), xs.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                 UPCAST=xs.device.type == "cpu" and xs.dtype != torch.float32)
+                 UPCAST=xs.device.type == "cpu" and xs.dtype != torch.float32, IEEE=xs.dtype == torch.float32)
     return out
 
 
@@ -239,10 +239,10 @@ def _triton_kernel():
                                                 # cannot loop over a runtime scalar with NumPy >= 2.4)
                             stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_om, stride_on,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            UPCAST: tl.constexpr):
+                            UPCAST: tl.constexpr, IEEE: tl.constexpr):
         tile = tl.program_id(0)
-        expert = tl.load(tile_expert_ptr + tile)
-        rows = tl.load(tile_row_ptr + tile) + tl.arange(0, BLOCK_M)
+        expert = tl.load(tile_expert_ptr + tile).to(tl.int64)    # int64 offsets: rows * K passes 2**31
+        rows = tl.load(tile_row_ptr + tile).to(tl.int64) + tl.arange(0, BLOCK_M)    # at 512K rows x 4096
         row_end = tl.load(group_end_ptr + expert)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         ks = tl.arange(0, BLOCK_K)
@@ -254,7 +254,10 @@ def _triton_kernel():
                         mask=((k0 + ks)[:, None] < K) & (cols[None, :] < N), other=0.0)
             if UPCAST:   # the interpreter's tl.dot gives garbage for bf16/fp16 tiles (Triton 3.9)
                 a, b = a.to(tl.float32), b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
+            if IEEE:     # fp32 in full precision: tl.dot's default on NVIDIA is TF32 (10-bit mantissa)
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
                  acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < row_end) & (cols[None, :] < N))
 

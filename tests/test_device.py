@@ -67,7 +67,8 @@ def test_nvidia_hopper():
                                                                major=9, minor=0)))
     assert (caps.accelerator, caps.device_type, caps.arch) == ("cuda", "cuda", "sm_90")
     assert caps.bf16 and caps.fp8 and caps.memory_gb == 141.0 and caps.cuda_version == "12.8"
-    assert missing("cuda", "sm90", "gpu", "fp8", "bf16", caps=caps) == []
+    assert missing("cuda", "grouped_mm_cutlass", "torch_cuda", "gpu", "fp8", "bf16", caps=caps) == []
+    assert device.fp8_dtype("cuda", caps) == torch.float8_e4m3fn
     assert missing("rocm", "xpu", caps=caps) == ["rocm", "xpu"]
 
 
@@ -75,7 +76,16 @@ def test_nvidia_ampere_has_bf16_but_no_fp8():
     caps = probe_fake(fake_torch("cuda", props=SimpleNamespace(name="A100", total_memory=80 * 2**30,
                                                                major=8, minor=0)))
     assert caps.bf16 and not caps.fp8
-    assert missing("sm90", "fp8", caps=caps) == ["sm90", "fp8"]
+    assert missing("grouped_mm_cutlass", "fp8", caps=caps) == ["grouped_mm_cutlass", "fp8"]
+
+
+@pytest.mark.parametrize("major, minor, cutlass", [(9, 0, True), (10, 0, True), (12, 0, False), (8, 9, False)])
+def test_grouped_mm_cutlass_only_where_torch_takes_it(major, minor, cutlass):
+    """torch 2.10's _grouped_mm_cuda takes CUTLASS where _scaled_mm_allowed_device(sm90_only, sm100_only)
+    holds: compute capability major 9 or 10. An RTX 50xx (sm_120) takes the loop."""
+    props = SimpleNamespace(name="gpu", total_memory=2**35, major=major, minor=minor)
+    caps = probe_fake(fake_torch("cuda", props=props))
+    assert (missing("grouped_mm_cutlass", caps=caps) == []) == cutlass
 
 
 def test_amd_rocm_mi300():
@@ -85,7 +95,10 @@ def test_amd_rocm_mi300():
     assert (caps.accelerator, caps.device_type, caps.arch) == ("rocm", "cuda", "gfx942")
     assert caps.hip_version == "7.1.0" and caps.cuda_version is None
     assert caps.fp8 and caps.bf16
-    assert missing("rocm", "rocm_ck", "gpu", caps=caps) == []
+    assert missing("rocm", "rocm_ck", "gpu", "torch_cuda", caps=caps) == []
+    assert device.fp8_dtype("cuda", caps) == torch.float8_e4m3fnuz      # MI300 computes in the fnuz format
+    assert device.fp8_dtype("cpu", caps) == torch.float8_e4m3fn
+    assert missing("grouped_mm_cutlass", caps=caps) == ["grouped_mm_cutlass"]
     assert missing("cuda", caps=caps) == ["cuda"]
 
 
@@ -104,7 +117,9 @@ def test_intel_xpu_and_sycl_toolchain():
     caps = probe_fake(fake_torch("xpu", props=props), which=tools.get)
     assert (caps.accelerator, caps.device_type) == ("xpu", "xpu") and caps.xpu_compiled
     assert missing("xpu", "gpu", "icpx", "sycl", "ninja", caps=caps) == []
-    assert missing("cxx", caps=caps) == ["cxx"]
+    assert missing("cxx", "torch_cuda", "fp8", caps=caps) == ["cxx", "torch_cuda", "fp8"]   # FP8 tried: fake fails
+    with_fp8 = probe_fake(fake_torch("xpu", props=props), fp8_runs=lambda torch_mod, dev: dev == "xpu")
+    assert with_fp8.fp8 and device.fp8_dtype("xpu", with_fp8) == torch.float8_e4m3fn
 
 
 def test_sycl_needs_an_xpu_build_too():
