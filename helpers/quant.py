@@ -20,12 +20,11 @@ import torch.nn.functional as F
 
 from helpers import bench
 from helpers.checks import fail, passed
-from helpers.device import missing
+from helpers.device import fp8_dtype, missing
 
 CALIBRATORS = ("minmax", "percentile", "mse")
 INT8_PATHS = ("int8pack_bf16", "int8pack_fp32", "dequant")
 BF16_K_MULTIPLE = 8   # torch 2.13 CPU: _weight_int8pack_mm with bf16 input and K % 8 != 0 segfaulted here
-FP8 = torch.float8_e4m3fn
 
 
 def qmax(bits: int) -> int:
@@ -350,12 +349,17 @@ def choose_fastest_path(layer: Int8WeightOnlyLinear, example: torch.Tensor, path
 
 # --- FP8 -------------------------------------------------------------------------------------
 
-def to_fp8(x: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """float8_e4m3fn values and fp32 scales: one scale (tensor-wise) or one per row ([M, 1])."""
+def to_fp8(x: torch.Tensor, rowwise: bool, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 FP8 values and fp32 scales: one scale (tensor-wise) or one per row ([M, 1]). The format is the
+    one x's device computes in (device.fp8_dtype: float8_e4m3fnuz on MI300, float8_e4m3fn elsewhere).
+    Values are clamped to the format's range first, as production recipes do: with a scale other than
+    amax/max, a value past the range would become NaN (e4m3fn has no infinity)."""
     _check_float(x, "x")
+    dtype = dtype or fp8_dtype(x.device)
+    fmax = torch.finfo(dtype).max
     amax = x.detach().float().abs().amax(dim=1, keepdim=True) if rowwise else x.detach().float().abs().amax()
-    scale = amax.clamp(min=1e-12) / torch.finfo(FP8).max
-    return (x.float() / scale).to(FP8), scale
+    scale = amax.clamp(min=1e-12) / fmax
+    return (x.float() / scale).clamp(-fmax, fmax).to(dtype), scale
 
 
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, rowwise: bool = True,

@@ -273,3 +273,22 @@ def test_benchmark_quick_reports_every_variant():
         assert len(run["results"]) == 5 and run["read_bandwidth_gbs"] > 0
         for entry in run["results"].values():
             assert entry["median_s"] > 0 and entry["percent_of_read_bandwidth"] > 0
+
+
+def test_fp8_format_follows_the_device_and_values_are_clamped(monkeypatch):
+    """MI300 (gfx942) computes in float8_e4m3fnuz (max 240); everything else in float8_e4m3fn (max 448).
+    A scale that leaves values past the range must clamp them, not turn them into NaN."""
+    from helpers import device
+    from tests.test_device import fake_torch, probe_fake
+    from types import SimpleNamespace
+    mi300 = probe_fake(fake_torch("cuda", hip="7.1.0", props=SimpleNamespace(
+        name="AMD Instinct MI300X", total_memory=2**37, major=9, minor=4, gcnArchName="gfx942:sramecc+:xnack-")))
+    monkeypatch.setattr(device, "capabilities", lambda: mi300)
+    assert device.fp8_dtype("cuda") == torch.float8_e4m3fnuz and device.fp8_dtype("cpu") == torch.float8_e4m3fn
+    x = torch.tensor([[1.0, -3.0, 1000.0]])
+    q, scale = quant.to_fp8(x, rowwise=True, dtype=torch.float8_e4m3fnuz)
+    assert q.dtype == torch.float8_e4m3fnuz and q.float().abs().max().item() == 240.0
+    q, _ = quant.to_fp8(x, rowwise=False)                      # a CPU tensor: the OCP format
+    assert q.dtype == torch.float8_e4m3fn and q.float().abs().max().item() == 448.0
+    q, _ = quant.to_fp8(x * 1e6, rowwise=False, dtype=torch.float8_e4m3fn)
+    assert not q.float().isnan().any()
