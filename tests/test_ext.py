@@ -274,7 +274,31 @@ def test_lab_compile_check_wants_the_op_in_the_graph():
 
 # --- Intel GPU ---------------------------------------------------------------------------------
 
-@pytest.mark.requires("sycl")
+@pytest.mark.parametrize("preset", [None, "pvc"])
+def test_sycl_build_compiles_for_the_running_gpu_unless_told_otherwise(monkeypatch, preset):
+    """TORCH_XPU_ARCH_LIST="" during the build (SPIR-V, compiled by the driver for the GPU that runs it),
+    unless the user chose architectures; the variable is left as it was."""
+    seen = []
+    monkeypatch.setattr(ext, "build_and_load", lambda *a, **k: seen.append(os.environ.get("TORCH_XPU_ARCH_LIST")))
+    if preset is None:
+        monkeypatch.delenv("TORCH_XPU_ARCH_LIST", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_XPU_ARCH_LIST", preset)
+    ext.load_xpu_kernels()
+    assert seen == ["" if preset is None else preset]
+    assert os.environ.get("TORCH_XPU_ARCH_LIST") == preset
+
+
+def test_sycl_kernel_guards_the_device_of_its_input():
+    """Ops registered with TORCH_LIBRARY_IMPL get no generated device guard: the kernel sets one and
+    takes the queue of x's device, and refuses a weight on another device."""
+    source = ext.SYCL_SOURCE.read_text()
+    assert "c10::DeviceGuard guard(x.device())" in source
+    assert "getCurrentXPUStream(x.device().index())" in source and "getCurrentXPUStream()" not in source
+    assert "x.device() == weight.device()" in source
+
+
+@pytest.mark.requires("xpu", "sycl")      # a build box with icpx and no GPU builds, then has nothing to run on
 def test_sycl_kernel_matches_reference():
     ext.load_xpu_kernels()
     assert ext.native_kernels()["XPU"]

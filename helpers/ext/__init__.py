@@ -129,14 +129,27 @@ def _remove_stale_lock(directory: Path) -> None:
         lock.unlink(missing_ok=True)
 
 
+XPU_ARCH_ENV = "TORCH_XPU_ARCH_LIST"
+
+
 def load_cpu_kernels(verbose: bool = False) -> Built:
     """Build (once) and register the C++ CPU kernel of labs_ext::rms_norm."""
     return build_and_load("labs_ext_cpu", CPU_SOURCE.read_text(), verbose=verbose)
 
 
 def load_xpu_kernels(verbose: bool = False) -> Built:
-    """Build (once) and register the SYCL kernel of labs_ext::rms_norm. Needs icpx and an XPU torch."""
-    return build_and_load("labs_ext_xpu", "", sycl_source=SYCL_SOURCE.read_text(), verbose=verbose)
+    """Build (once) and register the SYCL kernel of labs_ext::rms_norm. Needs icpx and an XPU torch.
+
+    Unless TORCH_XPU_ARCH_LIST is set, it is set to "" for the build: torch then compiles SPIR-V only
+    (-fsycl-targets=spir64), which the driver compiles for whichever Intel GPU runs it, on first launch.
+    torch's default compiles ahead of time for every architecture in torch.xpu.get_arch_list() (minus
+    dg2) plus that SPIR-V: minutes of ocloc on a build the lesson makes in a cell."""
+    arch_list = os.environ.setdefault(XPU_ARCH_ENV, "")
+    try:
+        return build_and_load("labs_ext_xpu", "", sycl_source=SYCL_SOURCE.read_text(), verbose=verbose)
+    finally:
+        if arch_list == "" and os.environ.get(XPU_ARCH_ENV) == "":
+            del os.environ[XPU_ARCH_ENV]
 
 
 # --- The op: reference, schema, fake kernel, autograd ------------------------------------------------

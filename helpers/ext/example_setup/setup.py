@@ -7,8 +7,9 @@ load_inline at run time.
 With an XPU build of torch and Intel's DPC++ compiler on PATH (icpx on Linux, icx on Windows, where
 SYCL extensions need torch 2.10 or newer), this builds a SyclExtension holding the CPU (.cpp) and
 the Intel GPU (.sycl) kernels; everywhere else a CppExtension with the CPU kernel alone.
-SyclExtension and SYCL sources need ninja (pip install ninja). The kernels are compiled for the
-Intel GPUs visible at build time; set TORCH_XPU_ARCH_LIST (for example "pvc,bmg") to choose others.
+SyclExtension and SYCL sources need ninja (pip install ninja). The kernels are compiled ahead of
+time for torch.xpu.get_arch_list() (except dg2), plus SPIR-V for any other Intel GPU (compiled on first
+launch); TORCH_XPU_ARCH_LIST (for example "pvc,bmg", or "" for SPIR-V only) chooses the list.
 """
 import shutil
 import sys
