@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -168,6 +169,81 @@ def varlen_attention(seqs: list[torch.Tensor], causal: bool = False) -> list[tor
     out = varlen_attn(packed, packed, packed, offsets, offsets, longest, longest,
                       **(varlen_causal_kwargs() if causal else {}))
     return list(out.split([s.shape[0] for s in seqs]))
+
+
+def ragged_kernels(seqs: list[torch.Tensor], *, varlen: bool = True) -> dict[str, Callable[[], torch.Tensor]]:
+    """The ragged-batch kernels alone, for timing: padding, packing, the nested tensor and the offsets'
+    host-to-device copy are done here, once, so a timed call is one attention call. varlen=False leaves
+    out varlen_attn (a CUDA kernel)."""
+    x, keep = pad_with_mask(seqs)
+    values, offsets, longest = pack(seqs)
+    nt = torch.nested.nested_tensor_from_jagged(values, offsets.to(torch.int64)).transpose(1, 2)
+    kernels = {"padded + mask": lambda: F.scaled_dot_product_attention(x, x, x, attn_mask=keep),
+               "jagged nested": lambda: F.scaled_dot_product_attention(nt, nt, nt)}
+    if varlen:
+        from torch.nn.attention.varlen import varlen_attn
+        kernels["varlen_attn"] = lambda: varlen_attn(values, values, values, offsets, offsets, longest, longest)
+    return kernels
+
+
+def ragged_tflop(lengths: list[int], heads: int, head_dim: int) -> float:
+    """The useful work of one non-causal attention forward over a ragged batch, in TFLOP:
+    two matmuls of n x n x head_dim per sequence and head (padding not counted)."""
+    return 4 * sum(n * n for n in lengths) * heads * head_dim / 1e12
+
+
+def error_per_backend(q: torch.Tensor, backends=BACKENDS, *, causal: bool = True) -> dict[str, float | str]:
+    """Max absolute difference from the float64 reference for each backend forced alone, or
+    "declined: <torch's first line>" where the backend cannot take these inputs."""
+    reference = sdpa_reference(q, q, q, is_causal=causal).double()
+    errors = {}
+    for name in backends:
+        try:
+            with sdpa_kernel([_backend(name)]):
+                out = F.scaled_dot_product_attention(q, q, q, is_causal=causal)
+        except RuntimeError as exc:
+            errors[name] = "declined: " + str(exc).strip().splitlines()[0][:120]
+            continue
+        errors[name] = (out.double() - reference).abs().max().item()
+    return errors
+
+
+def peak_memory_per_backend(q: torch.Tensor, backends, *, causal: bool = True) -> dict[str, int]:
+    """Bytes one forward call allocates at its peak, beyond what is already held, per backend
+    (torch.accelerator's peak statistics: an accelerator only). MATH materialises the seq x seq
+    scores; the fused kernels never do."""
+    peaks = {}
+    for name in backends:
+        torch.accelerator.synchronize()
+        held = torch.accelerator.memory_allocated()
+        torch.accelerator.reset_peak_memory_stats()
+        with sdpa_kernel([_backend(name)]):
+            out = F.scaled_dot_product_attention(q, q, q, is_causal=causal)
+        torch.accelerator.synchronize()
+        peaks[name] = torch.accelerator.max_memory_allocated() - held
+        del out
+    return peaks
+
+
+def rocm_flash_library_that_ran(fn: Callable[[], object]) -> str:
+    """Which ROCm flash-attention library fn's kernels came from, read from the profiler's kernel names:
+    "ck" (Composable Kernel: fmha/ck_tile kernels), "aotriton" (attn_fwd), or "unknown: <names>".
+    preferred_rocm_fa_library("ck") only warns when CK cannot be used, so the name is the proof."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.accelerator.synchronize()
+    names = {e.name for e in prof.events() if e.device_type.name in ("CUDA", "PrivateUse1")}
+    return library_from_kernel_names(names)
+
+
+def library_from_kernel_names(names) -> str:
+    lowered = [n.lower() for n in names]
+    if any("ck_tile" in n or "fmha" in n for n in lowered):
+        return "ck"
+    if any("attn_fwd" in n for n in lowered):
+        return "aotriton"
+    return "unknown: " + ", ".join(sorted(names)[:5])
 
 
 def reference_outputs(seqs: list[torch.Tensor], causal: bool = False) -> list[torch.Tensor]:

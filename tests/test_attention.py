@@ -124,3 +124,30 @@ def test_jagged_sdpa_on_cpu_takes_the_math_path():
     packed, offsets, _ = attention.pack(seqs)
     nt = torch.nested.nested_tensor_from_jagged(packed, offsets.long()).transpose(1, 2)
     assert attention.backend_that_runs(nt, nt, nt) == "MATH"
+
+
+def test_ragged_kernels_compute_what_the_wrappers_do_with_inputs_prepared_once():
+    seqs = attention.random_ragged([5, 9, 2], heads=2, head_dim=8)
+    kernels = attention.ragged_kernels(seqs, varlen=False)
+    assert set(kernels) == {"padded + mask", "jagged nested"}
+    padded = kernels["padded + mask"]().transpose(1, 2)
+    for got, want in zip(padded, attention.padded_attention(seqs)):
+        torch.testing.assert_close(got[: want.shape[0]], want)
+    jagged = kernels["jagged nested"]().transpose(1, 2).unbind()
+    for got, want in zip(jagged, attention.jagged_attention(seqs)):
+        torch.testing.assert_close(got, want)
+    assert attention.ragged_tflop([5, 9], heads=2, head_dim=8) == 4 * (25 + 81) * 2 * 8 / 1e12
+
+
+def test_error_per_backend_checks_each_forced_backend_against_float64():
+    q = torch.randn(1, 2, 16, 8)
+    errors = attention.error_per_backend(q, ("MATH", "FLASH_ATTENTION", "CUDNN_ATTENTION"))
+    assert errors["MATH"] < 1e-5 and errors["FLASH_ATTENTION"] < 1e-5
+    assert errors["CUDNN_ATTENTION"].startswith("declined: ")          # no cuDNN kernel for CPU tensors
+
+
+@pytest.mark.parametrize("names, library", [
+    ({"void ck_tile::kentry<...FmhaFwdKernel...>"}, "ck"), ({"fmha_fwd_d128_bf16_batch"}, "ck"),
+    ({"attn_fwd", "Memcpy DtoD"}, "aotriton"), ({"gemm_kernel"}, "unknown: gemm_kernel")])
+def test_the_rocm_flash_library_is_read_from_kernel_names(names, library):
+    assert attention.library_from_kernel_names(names) == library
