@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import warnings
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -178,6 +179,28 @@ def snapshot_summary(snapshot: dict) -> dict:
             "allocated_bytes": sum(b["size"] for s in segments for b in s["blocks"]
                                    if b["state"] == "active_allocated"),
             "events": {a: sum(e["action"] == a for e in events) for a in sorted({e["action"] for e in events})}}
+
+
+def dump_snapshot(snapshot: dict, path: str | Path) -> Path:
+    """Write a snapshot as torch.cuda.memory._dump_snapshot does (a pickle), for pytorch.org/memory_viz."""
+    import pickle
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+    return path
+
+
+def largest_allocations(snapshot: dict, n: int = 3) -> list[dict]:
+    """The n largest recorded allocations with the first stack frame outside torch: the line of your
+    code that asked for the memory (what memory_viz shows on hover)."""
+    allocs = [e for trace in snapshot.get("device_traces", []) for e in trace if e["action"] == "alloc"]
+    out = []
+    for event in sorted(allocs, key=lambda e: e["size"], reverse=True)[:n]:
+        frames = [f for f in event.get("frames", []) if f"{os.sep}torch{os.sep}" not in f.get("filename", "")]
+        where = f"{frames[0]['filename']}:{frames[0]['line']} in {frames[0]['name']}" if frames else "(no Python frame)"
+        out.append({"bytes": event["size"], "where": where})
+    return out
 
 
 def nested_pools(size: int = 1 << 20) -> dict:

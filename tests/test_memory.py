@@ -85,3 +85,18 @@ def test_snapshot_and_nested_pools_on_gpu():
     assert summary["segments"] >= 1 and summary["events"].get("alloc", 0) >= 1
     held = memory.nested_pools(1 << 20)
     assert held["inner"] >= 2 << 20 and held["outer"] >= 2 << 20
+
+
+def test_largest_allocations_point_at_the_caller_and_the_snapshot_is_written(tmp_path):
+    import os
+    import pickle
+    torch_file = os.sep.join(["", "site-packages", "torch", "nn", "modules", "linear.py"])
+    snapshot = {"segments": [], "device_traces": [[
+        {"action": "alloc", "size": 4096, "frames": [{"filename": torch_file, "line": 125, "name": "forward"},
+                                                     {"filename": "model.py", "line": 7, "name": "step"}]},
+        {"action": "free_requested", "size": 4096, "frames": []},
+        {"action": "alloc", "size": 64, "frames": []}]]}
+    assert memory.largest_allocations(snapshot, n=2) == [
+        {"bytes": 4096, "where": "model.py:7 in step"}, {"bytes": 64, "where": "(no Python frame)"}]
+    path = memory.dump_snapshot(snapshot, tmp_path / "runs" / "s.pickle")
+    assert pickle.loads(path.read_bytes()) == snapshot
