@@ -46,21 +46,35 @@ def hash_trace(fn: Callable, *args, hash_fn: str = "norm") -> list[tuple[str, tu
     return trace
 
 
-def first_divergence(a: list, b: list, rtol: float = 0.0) -> dict | None:
-    """The first op whose output hashes differ by more than rtol (relative); None if none does.
-    Raises ValueError when the two runs did not dispatch the same ops (different programs)."""
+def _same_ops(a: list, b: list) -> None:
     if [name for name, _ in a] != [name for name, _ in b]:
         names_a, names_b = [n for n, _ in a], [n for n, _ in b]
         i = next((i for i, (x, y) in enumerate(zip(names_a, names_b)) if x != y), min(len(a), len(b)))
         raise ValueError(f"the runs dispatched different ops (first at index {i}: "
                          f"{names_a[i] if i < len(a) else 'end'} vs {names_b[i] if i < len(b) else 'end'}); "
                          f"compare runs of the same program")
+
+
+def first_divergence(a: list, b: list, rtol: float = 0.0) -> dict | None:
+    """The first op whose output hashes differ by more than rtol (relative); None if none does.
+    Raises ValueError when the two runs did not dispatch the same ops (different programs)."""
+    _same_ops(a, b)
     for i, ((name, ha), (_, hb)) in enumerate(zip(a, b)):
         for x, y in zip(ha, hb):
             rel = abs(x - y) / max(abs(x), abs(y), 1e-30)
             if rel > rtol or (math.isnan(x) != math.isnan(y)):
                 return {"index": i, "op": name, "hash_a": x, "hash_b": y, "rel_diff": rel}
     return None
+
+
+def op_differences(a: list, b: list) -> list[dict]:
+    """Every op with the largest relative difference between the two runs' output hashes (0.0 where
+    they are equal): the whole picture, where first_divergence gives the first op past a threshold.
+    Raises ValueError when the two runs did not dispatch the same ops."""
+    _same_ops(a, b)
+    return [{"index": i, "op": name,
+             "rel_diff": max((abs(x - y) / max(abs(x), abs(y), 1e-30) for x, y in zip(ha, hb)), default=0.0)}
+            for i, ((name, ha), (_, hb)) in enumerate(zip(a, b))]
 
 
 # --- Autograd anomaly detection ----------------------------------------------------------------

@@ -35,12 +35,16 @@ def test_divergence_is_found_at_the_damaged_layer(net):
     assert d["index"] == 3 and d["op"] == "aten.t.default" and d["rel_diff"] > 0
     loose = debugging.first_divergence(debugging.hash_trace(net, x), debugging.hash_trace(bad, x), rtol=1.0)
     assert loose is None
+    diffs = debugging.op_differences(debugging.hash_trace(net, x), debugging.hash_trace(bad, x))
+    assert [d["rel_diff"] == 0 for d in diffs[:3]] == [True] * 3 and diffs[3]["rel_diff"] == d["rel_diff"]
+    assert diffs[-1]["rel_diff"] > 0 and len(diffs) == 8      # the difference reaches the output
 
 
-def test_different_programs_are_refused(net):
+@pytest.mark.parametrize("compare", [debugging.first_divergence, debugging.op_differences])
+def test_different_programs_are_refused(net, compare):
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match="dispatched different ops"):
-        debugging.first_divergence(debugging.hash_trace(net, x), debugging.hash_trace(net[:2], x))
+        compare(debugging.hash_trace(net, x), debugging.hash_trace(net[:2], x))
 
 
 def test_backward_error_names_the_function():
