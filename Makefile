@@ -80,3 +80,12 @@ labs: setup
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# The validation pipeline under two torch versions (python -m helpers validate matrix): one venv per version
+# (.venv-validate-<version>: pip install torch==<version> first, then environments/validate.txt and the
+# package), interleaved runs with identical settings, one comparison: runs/validation-matrix/<date>/report.html.
+# Exit 1 when the comparison has findings (regressions beyond the noise, failed checks, numerics drift).
+VALIDATE_TORCH ?= 2.9.1 2.10.0
+VALIDATE_ARGS ?= --quick
+validate-matrix: setup
+	$(BIN)/python -m helpers validate matrix $(VALIDATE_TORCH) $(VALIDATE_ARGS)

@@ -148,12 +148,12 @@ def cmd_labs(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    """python -m helpers validate run|compare: the migration / performance validation pipeline."""
+    """python -m helpers validate run|compare|matrix: the migration / performance validation pipeline."""
     from helpers import validation
     if args.action == "run":
         run = validation.run_pipeline(quick=args.quick, device=args.device, threads=args.threads,
                                       compile=args.compile, workloads=args.workloads, checks=args.checks,
-                                      label=args.label or "")
+                                      samples=args.samples, label=args.label or "", progress=args.progress)
         path = validation.save_run(run, args.out or f"runs/validation-{time.strftime('%Y%m%d-%H%M%S')}.json")
         for name, result in run["checks"].items():
             print(f"check {name}: {'passed' if result['passed'] else 'FAILED'}")
@@ -162,10 +162,24 @@ def cmd_validate(args) -> int:
         print(f"{len(run['workloads'])} workloads, {len(run['checks'])} checks, {len(run['errors'])} errors; "
               f"written: {path}")
         return 1 if run["errors"] or not all(c["passed"] for c in run["checks"].values()) else 0
+    if args.action == "matrix":
+        from helpers.validation import matrix
+        if len(args.paths) != 2:
+            raise SystemExit("validate matrix takes two torch versions: A B (e.g. 2.9.1 2.10.0)")
+        try:
+            record = matrix.run_matrix(args.paths, quick=args.quick, rounds=args.rounds, threads=args.threads,
+                                       samples=args.samples, out=args.out,
+                                       device="cpu" if args.device == "auto" else args.device)
+        except (RuntimeError, ValueError) as exc:
+            raise SystemExit(f"error: {exc}") from None
+        print(validation.table(record["report"]))
+        print(f"driver total {record['total_seconds']:.0f} s; written: {record['out']}/report.html")
+        return 1 if record["findings"] else 0
     if len(args.paths) != 2:
         raise SystemExit("validate compare takes exactly two run files: A.json B.json")
     try:
-        report = validation.compare_runs(*(validation.load_run(p) for p in args.paths))
+        report = validation.compare_runs(*(validation.load_run(p) for p in args.paths),
+                                         allow_mismatch=args.allow_mismatch)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     print(validation.table(report))
@@ -225,17 +239,25 @@ def main(argv: list[str] | None = None) -> int:
     labs = sub.add_parser("labs", help="write the student copies of the lab solutions")
     labs.add_argument("action", choices=["build"])
     labs.add_argument("paths", nargs="*")
-    val = sub.add_parser("validate", help="migration / performance validation: run the pipeline, compare two runs")
-    val.add_argument("action", choices=["run", "compare"])
-    val.add_argument("paths", nargs="*", help="compare: the two run files A.json B.json")
-    val.add_argument("--quick", action="store_true", help="run: small sizes (seconds per workload)")
+    val = sub.add_parser("validate", help="migration / performance validation: run the pipeline, compare two runs, "
+                                          "or both under two torch versions")
+    val.add_argument("action", choices=["run", "compare", "matrix"])
+    val.add_argument("paths", nargs="*", help="compare: the two run files A.json B.json; matrix: two torch "
+                                              "versions A B (e.g. 2.9.1 2.10.0)")
+    val.add_argument("--quick", action="store_true", help="run, matrix: small sizes (seconds per workload)")
     val.add_argument("--device", default="auto")
     val.add_argument("--threads", type=int)
+    val.add_argument("--samples", type=int, help="run, matrix: timed calls per candidate (default: by size)")
+    val.add_argument("--rounds", type=int, default=3, help="matrix: interleaved runs per version (default 3)")
     val.add_argument("--compile", action="store_true", help="run: torch.compile every model (slow on CPU)")
     val.add_argument("--workloads", nargs="*", help="run: a subset (default: all)")
-    val.add_argument("--checks", nargs="*", help="run: a subset of the upgrade checks (default: all)")
+    val.add_argument("--checks", nargs="*", help="run: a subset of the upgrade checks (default: all; none: "
+                                                 "--checks with no name)")
+    val.add_argument("--allow-mismatch", action="store_true",
+                     help="compare: compare runs made at different settings, every difference flagged")
+    val.add_argument("--no-progress", dest="progress", action="store_false")
     val.add_argument("--label")
-    val.add_argument("--out", help="run: the JSON file; compare: the HTML report")
+    val.add_argument("--out", help="run: the JSON file; compare: the HTML report; matrix: the folder")
     args = parser.parse_args(argv)
     handler = {"doctor": cmd_doctor, "run": cmd_run, "report": cmd_report, "grade": cmd_grade, "bench": cmd_bench,
                "notebooks": cmd_notebooks, "labs": cmd_labs, "validate": cmd_validate}[args.command]

@@ -1,18 +1,32 @@
-"""Run the workloads and upgrade checks into one JSON file; compare two such files.
+"""Run the workloads and upgrade checks into one JSON file (plus its reference outputs); compare two runs.
 
-    run = run_pipeline(quick=True, threads=1, label="1 thread")      # a dict, JSON-ready
-    save_run(run, "a.json")
-    report = compare_runs(load_run("a.json"), load_run("b.json"))    # rows with ratios and flags
-    write_report(report, "report.html")                               # table + plotly chart
+    run = run_pipeline(quick=True, label="torch 2.9.1")     # a dict, JSON-ready once saved
+    save_run(run, "a.json")                                  # a.json and a.refs.pt (the reference outputs)
+    report = compare_runs(load_run("a.json"), load_run("b.json"))
+    write_report(report, "report.html")
+
+What a comparison can be trusted for:
+- **Settings.** Two runs are compared only when quick mode, every workload's sizes, samples, compile,
+  thread count and device type are the same: otherwise `compare_runs` raises NotComparable saying what
+  differs (`allow_mismatch=True` compares anyway and flags every difference in the report). A different
+  CPU or GPU model is flagged, not refused.
+- **Numerics.** Each workload's outputs (from weights and inputs that are the same on every torch) are
+  stored as hashes and tensors; B is checked against A: identical, within tolerance, or drift.
+- **Noise.** Every figure keeps its per-call samples; the gain of B over A comes with a 95% bootstrap
+  interval (`stats.py`), and only an interval that excludes 1 (and a change over 2%) is a finding.
+- **Checks.** Pass/fail and every number each check measured, side by side.
 
 A workload or check that fails is recorded in the run's "errors" with its message, and the rest of the
 run goes on. A file that is not a run raises a ValueError naming the file and what is wrong.
 """
 from __future__ import annotations
 
+import copy
 import html
 import json
+import os
 import platform
+import subprocess
 import time
 import traceback
 from pathlib import Path
@@ -23,17 +37,27 @@ from tqdm.auto import tqdm
 from helpers.bench import save_json
 from helpers.device import capabilities, pick_device
 from helpers.files import write_text_atomic
+from helpers.validation import reference, stats
 from helpers.validation.upgrade import CHECKS
-from helpers.validation.workloads import WORKLOADS
+from helpers.validation.workloads import WORKLOADS, sizes
 
-SCHEMA = "pytorch-210-labs/validation-run/1"
-MIN_CHANGE = 0.02     # changes under 2% are never flagged, however tight the spread
+SCHEMA = "pytorch-210-labs/validation-run/2"
+MIN_CHANGE = stats.MIN_CHANGE
+REPO = Path(__file__).resolve().parents[2]
+
+
+class NotComparable(ValueError):
+    """Two runs made at different settings: their figures would not measure the same thing."""
 
 
 def run_pipeline(quick: bool = True, *, device: str = "auto", threads: int | None = None, compile: bool = False,
-                 workloads: list[str] | None = None, checks: list[str] | None = None, repeats: int | None = None,
-                 min_run_time: float | None = None, label: str = "", progress: bool = True) -> dict:
-    """Run the selected workloads (default: all four) and upgrade checks (default: all four)."""
+                 workloads: list[str] | None = None, checks: list[str] | None = None, samples: int | None = None,
+                 label: str = "", progress: bool = True, repeats: int | None = None,
+                 min_run_time: float | None = None) -> dict:
+    """Run the selected workloads (default: all four) and upgrade checks (default: all four).
+    samples: timed calls per candidate (default: each workload's quick or full setting). `repeats` is the
+    old name of `samples`; `min_run_time` is ignored (every call is timed on its own)."""
+    samples = samples or repeats
     workloads = list(WORKLOADS) if workloads is None else list(workloads)
     checks = list(CHECKS) if checks is None else list(checks)
     unknown = [w for w in workloads if w not in WORKLOADS] + [c for c in checks if c not in CHECKS]
@@ -42,41 +66,109 @@ def run_pipeline(quick: bool = True, *, device: str = "auto", threads: int | Non
                          f"checks: {', '.join(CHECKS)}")
     dev = pick_device(device)
     threads = threads or torch.get_num_threads()
-    repeats = repeats or (3 if quick else 7)
-    min_run_time = min_run_time or (0.02 if quick else 0.2)
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)         # the whole run at one thread count: no recompiles, one setting
-    run = {"schema": SCHEMA, "label": label or f"{threads} threads{', compiled' if compile else ''}",
+    settings = {"quick": quick, "compile": compile, "device": dev.type, "threads": threads, "samples": samples,
+                "sizes": {w: sizes(w, quick) for w in workloads}}
+    run = {"schema": SCHEMA, "label": label or f"torch {torch.__version__}",
            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__, "device": str(dev),
-           "quick": quick, "compile": compile, "threads": threads, "repeats": repeats,
-           "environment": environment(), "workloads": {}, "checks": {}, "errors": {}}
+           "quick": quick, "compile": compile, "threads": threads, "settings": settings,
+           "environment": environment(), "workloads": {}, "checks": {}, "errors": {}, "seconds": {}}
     steps = [("workload", w) for w in workloads] + [("check", c) for c in checks]
     try:
         for kind, name in tqdm(steps, desc="validation", disable=not progress, leave=False):
             start = time.perf_counter()
             try:
                 if kind == "workload":
-                    result = WORKLOADS[name](quick, dev, compile=compile, repeats=repeats, min_run_time=min_run_time)
-                    run["workloads"][name] = result | {"seconds": time.perf_counter() - start}
+                    run["workloads"][name] = WORKLOADS[name](quick, dev, compile=compile, samples=samples)
                 else:
-                    result = CHECKS[name](quick, dev)
-                    run["checks"][name] = result | {"seconds": time.perf_counter() - start}
+                    run["checks"][name] = CHECKS[name](quick, dev)
             except Exception as exc:       # recorded, and the rest of the run goes on
                 run["errors"][name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+            run["seconds"][name] = time.perf_counter() - start
     finally:
         torch.set_num_threads(old_threads)
     return run
 
 
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "helpers"], capture_output=True,
+                               text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + (" (helpers/ modified)" if dirty else "") if out.returncode == 0 else None
+    except Exception:
+        return None
+
+
+def _gpu_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except Exception:
+        return None
+
+
+ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF",
+            "TORCH_EXTENSIONS_DIR", "TORCH_CUDA_ARCH_LIST", "TORCHINDUCTOR_CACHE_DIR")
+
+
 def environment() -> dict:
+    """Everything a regression may have to be attributed to: torch build (CUDA/HIP, cuDNN, NCCL), driver,
+    CPU, Python, packages, relevant environment variables, torch's build configuration, the pipeline's
+    own git commit."""
     c = capabilities()
-    return {"python": platform.python_version(), "platform": platform.platform(), "accelerator": c.accelerator,
-            "device_name": c.device_name, "arch": c.arch, "cpu": c.cpu_name, "cpu_count": c.cpu_count,
-            "bf16": c.bf16, "packages": c.packages}
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
+    except Exception:
+        nccl = None
+    return {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+            "torch_git": getattr(torch.version, "git_version", None), "cuda": torch.version.cuda,
+            "hip": getattr(torch.version, "hip", None), "cudnn": cudnn, "nccl": nccl, "gpu_driver": _gpu_driver(),
+            "accelerator": c.accelerator, "device_name": c.device_name, "arch": c.arch, "cpu": c.cpu_name,
+            "cpu_count": c.cpu_count, "bf16": c.bf16, "packages": c.packages,
+            "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ}
+            | {k: v for k, v in os.environ.items() if k.startswith("TORCH_")},
+            "torch_config": torch.__config__.show(), "torch_parallel": torch.__config__.parallel_info(),
+            "pipeline_commit": _git_commit()}
+
+
+def refs_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.stem + ".refs.pt")
 
 
 def save_run(run: dict, path: str | Path) -> Path:
-    return save_json(run, path)
+    """The run as JSON, and its reference tensors beside it (`<name>.refs.pt`)."""
+    path = Path(path)
+    tensors = reference_tensors(run)
+    out = {k: v for k, v in run.items() if k != "_source"}
+    out["workloads"] = {w: {k: v for k, v in r.items() if k != "_tensors"} for w, r in run["workloads"].items()}
+    if tensors:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = refs_path(path).with_suffix(".tmp")
+        torch.save(tensors, tmp)
+        os.replace(tmp, refs_path(path))
+        out["reference_file"] = refs_path(path).name
+    return save_json(out, path)
+
+
+def reference_tensors(run: dict) -> dict[str, torch.Tensor]:
+    """{"workload/output": tensor}: from memory (a run just made) or from the run's .refs.pt file."""
+    out = {}
+    for w, r in run["workloads"].items():
+        for name, t in (r.get("_tensors") or {}).items():
+            out[f"{w}/{name}"] = t
+    if out:
+        return out
+    source = run.get("_source")
+    if source and run.get("reference_file"):
+        file = Path(source).with_name(run["reference_file"])
+        if file.exists():
+            return torch.load(file, weights_only=True)
+    return {}
 
 
 def load_run(path: str | Path) -> dict:
@@ -91,40 +183,127 @@ def load_run(path: str | Path) -> dict:
         raise ValueError(f"{path} is not valid JSON ({exc}); the file is corrupt or truncated: "
                          f"re-run `python -m helpers validate run --out {path}`") from None
     if not isinstance(run, dict) or run.get("schema") != SCHEMA:
-        raise ValueError(f"{path} is not a validation run (expected \"schema\": \"{SCHEMA}\"); "
+        raise ValueError(f"{path} is not a validation run of this pipeline (expected \"schema\": \"{SCHEMA}\"); "
                          f"create one with `python -m helpers validate run`")
-    for key in ("workloads", "checks"):
+    for key in ("workloads", "checks", "settings"):
         if not isinstance(run.get(key), dict):
             raise ValueError(f"{path}: \"{key}\" is missing or not an object; the file is damaged")
     run.setdefault("errors", {})
+    run["_source"] = str(path)
     return run
 
 
+def merge_runs(runs: list[dict], label: str | None = None) -> dict:
+    """Rounds of the same environment (the driver interleaves A, B, A, B) as one run: each figure's samples
+    pooled, checks from the round that ran them, reference outputs from the first round, and for every
+    output whether later rounds reproduced it bit for bit ("repeatability")."""
+    if not runs:
+        raise ValueError("merge_runs needs at least one run")
+    base = copy.deepcopy({k: v for k, v in runs[0].items()})
+    base["workloads"] = {w: dict(r) for w, r in runs[0]["workloads"].items()}
+    torch_versions = {r["torch"] for r in runs}
+    if len(torch_versions) > 1:
+        raise NotComparable(f"rounds of one environment ran different torch versions: {sorted(torch_versions)}")
+    for other in runs[1:]:
+        diffs = setting_differences(runs[0], other)
+        if diffs:
+            raise NotComparable("rounds differ in their settings: " + "; ".join(diffs))
+    repeat = {}
+    for w, r in base["workloads"].items():
+        figs = copy.deepcopy(r["figures"])
+        for other in runs[1:]:
+            o = other["workloads"].get(w)
+            if not o:
+                continue
+            for name, f in figs.items():
+                if name in o["figures"] and f.get("stat") != "exact":
+                    f["samples"] = f["samples"] + o["figures"][name]["samples"]
+            for out, rec in r.get("references", {}).items():
+                same = o.get("references", {}).get(out, {}).get("sha256") == rec["sha256"]
+                repeat[f"{w}/{out}"] = repeat.get(f"{w}/{out}", True) and same
+        for f in figs.values():
+            if f.get("stat") != "exact":
+                f["value"] = stats.statistic(f["samples"], f["stat"])
+                f["min"], f["max"], f["n"] = min(f["samples"]), max(f["samples"]), len(f["samples"])
+        base["workloads"][w]["figures"] = figs
+    for other in runs[1:]:
+        for c, result in other["checks"].items():
+            base["checks"].setdefault(c, result)
+        for name, err in other["errors"].items():
+            base["errors"].setdefault(name, err)
+    base["rounds"] = len(runs)
+    base["repeatability"] = repeat
+    base["label"] = label or base["label"]
+    return base
+
+
+def setting_differences(a: dict, b: dict) -> list[str]:
+    """What makes two runs not comparable: quick mode, sizes, samples, compile, threads, device type."""
+    sa, sb = a.get("settings", {}), b.get("settings", {})
+    diffs = [f"{k}: {sa.get(k)!r} vs {sb.get(k)!r}" for k in ("quick", "compile", "device", "threads", "samples")
+             if sa.get(k) != sb.get(k)]
+    for w in sorted(set(sa.get("sizes", {})) & set(sb.get("sizes", {}))):
+        if sa["sizes"][w] != sb["sizes"][w]:
+            keys = sorted(k for k in set(sa["sizes"][w]) | set(sb["sizes"][w])
+                          if sa["sizes"][w].get(k) != sb["sizes"][w].get(k))
+            diffs.append(f"{w} sizes: " + ", ".join(f"{k} {sa['sizes'][w].get(k)!r} vs {sb['sizes'][w].get(k)!r}"
+                                                    for k in keys))
+    return diffs
+
+
+def machine_differences(a: dict, b: dict) -> list[str]:
+    """Flagged, not refused: the same settings on a different CPU or GPU model."""
+    ea, eb = a.get("environment", {}), b.get("environment", {})
+    return [f"{k}: {ea.get(k)!r} vs {eb.get(k)!r}" for k in ("cpu", "cpu_count", "device_name", "bf16")
+            if ea.get(k) != eb.get(k)]
+
+
 def _figure_ok(fig) -> bool:
-    return (isinstance(fig, dict) and fig.get("better") in ("lower", "higher")
-            and all(isinstance(fig.get(k), (int, float)) for k in ("value", "min", "max")) and fig["value"] > 0)
+    return (isinstance(fig, dict) and fig.get("better") in ("lower", "higher") and isinstance(fig.get("samples"), list)
+            and len(fig["samples"]) > 0 and all(isinstance(v, (int, float)) and v > 0 for v in fig["samples"]))
 
 
-def _noise(fig: dict) -> float:
-    """Relative half-width of the measured range (min to max over repeats)."""
-    return (fig["max"] - fig["min"]) / (2 * fig["value"])
+def _numbers(details, prefix="") -> dict:
+    """The leaves of a check's details that are numbers, booleans or short strings, by dotted key."""
+    out = {}
+    if isinstance(details, dict):
+        for k, v in details.items():
+            out |= _numbers(v, f"{prefix}{k}." if not isinstance(v, (int, float, str, bool, type(None)))
+                            else f"{prefix}{k}")
+    elif isinstance(details, list) and prefix:
+        out[prefix.rstrip(".")] = "; ".join(map(str, details))[:200] if details else "(none)"
+    elif prefix and (isinstance(details, (int, float, bool)) or details is None or
+                     (isinstance(details, str) and len(details) <= 200)):
+        out[prefix] = details
+    return out
 
 
-def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE) -> dict:
-    """Every figure of run A against run B: "gain" is how many times better B is than A (>1: B better,
-    whether the figure is a time or a throughput). A change is flagged only when it exceeds the noise
-    measured in both runs (the sum of their relative half-ranges) and min_change."""
-    rows, missing = [], []
-    names = list(dict.fromkeys(list(a["workloads"]) + list(b["workloads"])))
-    for w in names:
+def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mismatch: bool = False,
+                 n_boot: int = stats.N_BOOT) -> dict:
+    """Every figure, reference output and check of run A against run B. "gain" is how many times better
+    B is than A (>1: B better, whether the figure is a time or a throughput), with its 95% bootstrap
+    interval; a change is flagged only when the interval excludes 1 and the change exceeds min_change.
+    Runs at different settings raise NotComparable unless allow_mismatch (then flagged)."""
+    mismatch = setting_differences(a, b)
+    if mismatch and not allow_mismatch:
+        raise NotComparable("runs are not comparable: " + "; ".join(mismatch)
+                            + ". Re-run both with the same settings (the driver does), or pass "
+                              "allow_mismatch=True to compare anyway with every difference flagged")
+    rows, missing, numerics, migrations = [], [], [], []
+    ta, tb = reference_tensors(a), reference_tensors(b)
+    for w in dict.fromkeys(list(a["workloads"]) + list(b["workloads"])):
         wa, wb = a["workloads"].get(w), b["workloads"].get(w)
         if wa is None or wb is None:
             side = "A" if wa is None else "B"
             why = (a if side == "A" else b)["errors"].get(w, "not in the run")
             missing.append({"workload": w, "missing_in": side, "why": why.splitlines()[0]})
             continue
+        pa, pb = wa.get("paths", {}), wb.get("paths", {})
+        for k in dict.fromkeys(list(pa) + list(pb)):
+            if pa.get(k) != pb.get(k):
+                migrations.append({"workload": w, "what": k, "a": pa.get(k), "b": pb.get(k)})
         fa, fb = wa.get("figures", {}), wb.get("figures", {})
-        for name in list(dict.fromkeys(list(fa) + list(fb))):
+        for name in dict.fromkeys(list(fa) + list(fb)):
             row = {"workload": w, "figure": name}
             if name not in fa or name not in fb:
                 rows.append(row | {"status": f"missing in {'A' if name not in fa else 'B'}"})
@@ -133,91 +312,212 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE) -> dict:
             if not (_figure_ok(x) and _figure_ok(y)):
                 rows.append(row | {"status": "unreadable figure"})
                 continue
-            gain = x["value"] / y["value"] if x["better"] == "lower" else y["value"] / x["value"]
-            noise = _noise(x) + _noise(y)
-            threshold = max(noise, min_change)
-            status = ("regression" if gain < 1 / (1 + threshold) else
-                      "improvement" if gain > 1 + threshold else "within noise")
-            rows.append(row | {"unit": x.get("unit", ""), "better": x["better"], "a": x["value"], "b": y["value"],
-                               "gain": gain, "noise": noise, "status": status})
+            stat = x.get("stat", "median")
+            interval = stats.bootstrap_gain(x["samples"], y["samples"], x["better"],
+                                            "median" if stat == "exact" else stat, n_boot=n_boot)
+            rows.append(row | {"unit": x.get("unit", ""), "better": x["better"], "stat": stat, "a": x["value"],
+                               "b": y["value"], "gain": interval["gain"], "low": interval["low"],
+                               "high": interval["high"], "n_a": interval["n_a"], "n_b": interval["n_b"],
+                               "status": stats.verdict(interval, min_change)})
+        ra, rb = wa.get("references", {}), wb.get("references", {})
+        for out in dict.fromkeys(list(ra) + list(rb)):
+            if out not in ra or out not in rb:
+                numerics.append({"workload": w, "output": out,
+                                 "status": f"missing in {'A' if out not in ra else 'B'}"})
+                continue
+            key = f"{w}/{out}"
+            numerics.append({"workload": w, "output": out}
+                            | reference.compare(ra[out], rb[out], ta.get(key), tb.get(key)))
     checks = []
     for c in dict.fromkeys(list(a["checks"]) + list(b["checks"])):
-        pa, pb = (_check_passed(r, c) for r in (a, b))
+        ca, cb = a["checks"].get(c), b["checks"].get(c)
+        pa, pb = (r.get("passed") if isinstance(r, dict) else None for r in (ca, cb))
         status = ("missing in A" if pa is None else "missing in B" if pb is None else
                   "regression" if pa and not pb else "fixed" if pb and not pa else
                   "passes" if pa else "fails in both")
-        checks.append({"check": c, "a": pa, "b": pb, "status": status})
-    return {"a": _summary(a), "b": _summary(b), "rows": rows, "missing": missing, "checks": checks,
-            "regressions": [r for r in rows if r.get("status") == "regression"]
-            + [c for c in checks if c["status"] == "regression"]}
-
-
-def _check_passed(run: dict, name: str) -> bool | None:
-    """True or False, or None when the run has no readable result for that check."""
-    result = run["checks"].get(name)
-    return result.get("passed") if isinstance(result, dict) else None
+        na, nb = _numbers((ca or {}).get("details", {})), _numbers((cb or {}).get("details", {}))
+        figures = [{"key": k, "a": na.get(k), "b": nb.get(k)} for k in dict.fromkeys(list(na) + list(nb))]
+        checks.append({"check": c, "a": pa, "b": pb, "status": status, "figures": figures,
+                       "paths_a": (ca or {}).get("paths", {}), "paths_b": (cb or {}).get("paths", {}),
+                       "tolerance": (cb or ca or {}).get("tolerance", "")})
+        for k in dict.fromkeys(list((ca or {}).get("paths", {})) + list((cb or {}).get("paths", {}))):
+            va, vb = (ca or {}).get("paths", {}).get(k), (cb or {}).get("paths", {}).get(k)
+            if va != vb:
+                migrations.append({"workload": f"check {c}", "what": k, "a": va, "b": vb})
+    ea, eb = a.get("environment", {}), b.get("environment", {})
+    env_diff = [{"key": k, "a": ea.get(k), "b": eb.get(k)}
+                for k in ("torch", "torch_git", "cuda", "hip", "cudnn", "nccl", "gpu_driver", "python", "cpu",
+                          "device_name", "pipeline_commit")
+                if ea.get(k) != eb.get(k)]
+    pkg_a, pkg_b = ea.get("packages", {}) or {}, eb.get("packages", {}) or {}
+    env_diff += [{"key": f"package {k}", "a": pkg_a.get(k), "b": pkg_b.get(k)}
+                 for k in sorted(set(pkg_a) | set(pkg_b)) if pkg_a.get(k) != pkg_b.get(k)]
+    regressions = ([r for r in rows if r.get("status") == "regression"]
+                   + [c for c in checks if c["status"] == "regression"]
+                   + [n for n in numerics if n["status"] == "drift"])
+    return {"a": _summary(a), "b": _summary(b), "comparable": not mismatch, "mismatch": mismatch,
+            "machine_differences": machine_differences(a, b), "rows": rows, "missing": missing,
+            "numerics": numerics, "checks": checks, "migrations": migrations, "environment": env_diff,
+            "statistic": f"gain of B over A per figure (its median, or its stated percentile, of per-call "
+                         f"samples), with a {int(stats.CONFIDENCE * 100)}% percentile-bootstrap interval "
+                         f"({n_boot} resamples of each run's samples); flagged only when the interval "
+                         f"excludes 1 and the gain is beyond {min_change:.0%}",
+            "regressions": regressions}
 
 
 def _summary(run: dict) -> dict:
-    return {k: run.get(k) for k in ("label", "created", "torch", "device", "quick", "compile", "threads")}
+    out = {k: run.get(k) for k in ("label", "created", "torch", "device", "quick", "compile", "threads", "rounds")}
+    env = run.get("environment", {})
+    out |= {"cuda": env.get("cuda"), "python": env.get("python"), "cpu": env.get("cpu")}
+    return out
 
 
-def table(report: dict) -> str:
-    """The comparison as plain text, one figure per line."""
-    a, b = report["a"], report["b"]
-    lines = [f"A: {a['label']} (torch {a['torch']}, {a['device']}, {a['threads']} threads)   "
-             f"B: {b['label']} (torch {b['torch']}, {b['device']}, {b['threads']} threads)",
-             f"{'workload':<16}{'figure':<32}{'A':>12}{'B':>12}{'B gain':>9}{'noise':>8}  status"]
-    for r in report["rows"]:
-        if "gain" in r:
-            lines.append(f"{r['workload']:<16}{r['figure']:<32}{_short(r['a'], r['unit']):>12}"
-                         f"{_short(r['b'], r['unit']):>12}{r['gain']:>8.2f}x{r['noise']:>7.0%}  {r['status']}")
-        else:
-            lines.append(f"{r['workload']:<16}{r['figure']:<32}{'':>41}  {r['status']}")
-    for m in report["missing"]:
-        lines.append(f"{m['workload']:<16}{'(whole workload)':<32}{'':>41}  missing in {m['missing_in']}: {m['why']}")
-    for c in report["checks"]:
-        lines.append(f"{'check':<16}{c['check']:<32}{_passed(c['a']):>12}{_passed(c['b']):>12}{'':>17}  {c['status']}")
-    lines.append(f"{len(report['regressions'])} regression(s) beyond the measured noise")
-    return "\n".join(lines)
+def _short(value, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        if unit == "s":
+            return f"{value * 1e3:.3g} ms"
+        if unit == "bytes":
+            return f"{value / 2**20:.3g} MiB"
+        return f"{value:.4g}"
+    if unit == "bytes" and isinstance(value, int):
+        return f"{value / 2**20:.3g} MiB"
+    return str(value)
 
 
 def _passed(value) -> str:
     return {True: "pass", False: "FAIL", None: "-"}[value]
 
 
-def _short(value: float, unit: str) -> str:
-    if unit == "s":
-        return f"{value * 1e3:.3g} ms"
-    if unit == "bytes":
-        return f"{value / 2**20:.3g} MiB"
-    return f"{value:.4g}"
+def table(report: dict) -> str:
+    """The comparison as plain text."""
+    a, b = report["a"], report["b"]
+    lines = [f"A: {a['label']} (torch {a['torch']}, {a['device']}, {a['threads']} threads, quick={a['quick']})",
+             f"B: {b['label']} (torch {b['torch']}, {b['device']}, {b['threads']} threads, quick={b['quick']})"]
+    if report["mismatch"]:
+        lines.append("NOT COMPARABLE (compared anyway): " + "; ".join(report["mismatch"]))
+    if report["machine_differences"]:
+        lines.append("different machines: " + "; ".join(report["machine_differences"]))
+    for m in report["migrations"]:
+        lines.append(f"migration: {m['workload']} {m['what']}: {m['a']} -> {m['b']}")
+    lines.append(f"{'workload':<16}{'figure':<24}{'stat':>7}{'A':>12}{'B':>12}{'B gain':>8}  {'95% interval':<15} status")
+    for r in report["rows"]:
+        if "gain" in r:
+            lines.append(f"{r['workload']:<16}{r['figure']:<24}{r['stat']:>7}{_short(r['a'], r['unit']):>12}"
+                         f"{_short(r['b'], r['unit']):>12}{r['gain']:>7.3f}x  [{r['low']:.3f}, {r['high']:.3f}]"
+                         f"{'':<1} {r['status']}")
+        else:
+            lines.append(f"{r['workload']:<16}{r['figure']:<24}{'':>47}  {r['status']}")
+    for m in report["missing"]:
+        lines.append(f"{m['workload']:<16}{'(whole workload)':<24}{'':>47}  missing in {m['missing_in']}: {m['why']}")
+    for n in report["numerics"]:
+        diff = f"max rel diff {n['max_rel_diff']:.2g} (tol {n['tolerance']:.0e})" if "max_rel_diff" in n else ""
+        lines.append(f"numerics {n['workload']}/{n['output']}: {n['status']} {diff}".rstrip())
+    for c in report["checks"]:
+        lines.append(f"check {c['check']}: A {_passed(c['a'])}, B {_passed(c['b'])}: {c['status']}")
+        for f in c["figures"]:
+            if isinstance(f["a"], (int, float)) and not isinstance(f["a"], bool) or f["a"] != f["b"]:
+                lines.append(f"    {f['key']:<48} A {_short(f['a'])!s:<14} B {_short(f['b'])}")
+    lines.append(f"{len(report['regressions'])} finding(s): regressions beyond the noise, failed checks, drifts")
+    return "\n".join(lines)
 
 
 COLORS = {"regression": "#d62728", "improvement": "#2ca02c", "within noise": "#7f7f7f"}
 
 
 def chart(report: dict):
-    """A plotly bar chart of B's gain over A per figure, with the measured noise as error bars."""
+    """A plotly bar chart of B's gain over A per figure, with the 95% bootstrap interval as error bars."""
     import plotly.graph_objects as go
     rows = [r for r in report["rows"] if "gain" in r]
     fig = go.Figure(go.Bar(
         x=[f"{r['workload']}<br>{r['figure']}" for r in rows], y=[r["gain"] for r in rows],
         marker_color=[COLORS[r["status"]] for r in rows],
-        error_y=dict(type="data", array=[r["gain"] * r["noise"] for r in rows]),
+        error_y=dict(type="data", symmetric=False, array=[r["high"] - r["gain"] for r in rows],
+                     arrayminus=[r["gain"] - r["low"] for r in rows]),
         text=[f"{r['gain']:.2f}x" for r in rows], textposition="outside",
-        hovertext=[r["status"] for r in rows]))
+        hovertext=[f"{r['status']}: 95% interval {r['low']:.3f}-{r['high']:.3f}" for r in rows]))
     fig.add_hline(y=1.0, line_dash="dash")
     fig.update_layout(title=f"B ({report['b']['label']}) vs A ({report['a']['label']}): above 1 is better in B; "
-                            f"red: regression beyond the noise", yaxis_title="gain of B over A (x)", height=480)
+                            f"error bars: 95% bootstrap interval; red: regression beyond the noise",
+                      yaxis_title="gain of B over A (x)", height=520)
     return fig
 
 
+def _html_table(headers: list[str], rows: list[list], classes: list[str] | None = None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(f"<tr class='{html.escape((classes or [''] * len(rows))[i])}'>"
+                   + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for i, r in enumerate(rows))
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def report_html(report: dict) -> str:
+    a, b = report["a"], report["b"]
+    parts = ["<html><head><meta charset='utf-8'><title>Validation report</title><style>"
+             "body{font-family:sans-serif;margin:2em} table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}"
+             ".regression,.drift,.FAIL{background:#fdd} .improvement{background:#dfd} .flag{color:#b00}"
+             "</style></head><body><h1>Validation report</h1>"]
+    parts.append(_html_table(["", "label", "torch", "CUDA build", "python", "device", "threads", "quick", "rounds",
+                              "cpu"],
+                             [[k, r["label"], r["torch"], r["cuda"], r["python"], r["device"], r["threads"],
+                               r["quick"], r.get("rounds"), r["cpu"]] for k, r in (("A", a), ("B", b))]))
+    if report["mismatch"]:
+        parts.append("<p class='flag'><b>Not comparable</b> (compared anyway): "
+                     + html.escape("; ".join(report["mismatch"])) + "</p>")
+    else:
+        parts.append("<p>Settings identical in both runs (quick mode, sizes, samples, compile, threads, device).</p>")
+    if report["machine_differences"]:
+        parts.append("<p class='flag'>Different machines: " + html.escape("; ".join(report["machine_differences"]))
+                     + "</p>")
+    parts.append(f"<p><b>Statistic.</b> {html.escape(report['statistic'])}.</p>")
+    parts.append("<h2>Migration differences: code paths that differ between A and B</h2>")
+    parts.append(_html_table(["workload / check", "what", "A", "B"],
+                             [[m["workload"], m["what"], m["a"], m["b"]] for m in report["migrations"]])
+                 if report["migrations"] else "<p>none</p>")
+    parts.append("<h2>Workloads</h2>")
+    rows = [r for r in report["rows"] if "gain" in r]
+    parts.append(_html_table(
+        ["workload", "figure", "stat", "A", "B", "gain of B", "95% interval", "samples A/B", "status"],
+        [[r["workload"], r["figure"], r["stat"], _short(r["a"], r["unit"]), _short(r["b"], r["unit"]),
+          f"{r['gain']:.3f}x", f"{r['low']:.3f} - {r['high']:.3f}", f"{r['n_a']}/{r['n_b']}", r["status"]]
+         for r in rows] + [[r["workload"], r["figure"], "", "", "", "", "", "", r["status"]]
+                           for r in report["rows"] if "gain" not in r]
+        + [[m["workload"], "(whole workload)", "", "", "", "", "", "", f"missing in {m['missing_in']}: {m['why']}"]
+           for m in report["missing"]],
+        [r["status"] for r in rows] + [""] * (len(report["rows"]) - len(rows) + len(report["missing"]))))
+    try:
+        parts.append(chart(report).to_html(full_html=False, include_plotlyjs=True))
+    except ImportError:
+        parts.append("<p>(plotly is not installed: no chart)</p>")
+    parts.append("<h2>Numerics: reference outputs of B against A</h2>")
+    parts.append(_html_table(["workload", "output", "shape", "dtype", "status", "max |B-A| / max |A|", "tolerance"],
+                             [[n["workload"], n["output"], n.get("shape_a", ""), n.get("dtype_a", ""), n["status"],
+                               f"{n['max_rel_diff']:.3g}" if "max_rel_diff" in n else "", n.get("tolerance", "")]
+                              for n in report["numerics"]], [n["status"] for n in report["numerics"]]))
+    parts.append("<h2>Upgrade checks</h2>")
+    for c in report["checks"]:
+        parts.append(f"<h3 class='{'FAIL' if c['status'] in ('regression', 'fails in both') else ''}'>"
+                     f"{html.escape(c['check'])}: A {_passed(c['a'])}, B {_passed(c['b'])} ({html.escape(c['status'])})"
+                     f"</h3><p>Required: {html.escape(str(c['tolerance']))}</p>")
+        parts.append(_html_table(["measured", "A", "B"], [[f["key"], _short(f["a"]), _short(f["b"])]
+                                                          for f in c["figures"]]))
+    parts.append("<h2>Environment differences</h2>")
+    parts.append(_html_table(["what", "A", "B"], [[e["key"], e["a"], e["b"]] for e in report["environment"]]))
+    parts.append(f"<h2>Findings: {len(report['regressions'])}</h2><pre>{html.escape(table(report))}</pre>"
+                 "</body></html>")
+    return "".join(parts)
+
+
 def write_report(report: dict, path: str | Path) -> Path:
-    """An HTML page with the table and the chart (plotly.js embedded, so it opens offline)."""
+    """An HTML page: settings, migration differences, each workload's gain with its interval, the
+    numerics, each check's numbers, the environment differences (plotly.js embedded: opens offline)."""
     path = Path(path)
-    page = (f"<html><head><meta charset='utf-8'><title>Validation report</title></head><body>"
-            f"<h1>Validation report</h1><pre>{html.escape(table(report))}</pre>"
-            f"{chart(report).to_html(full_html=False, include_plotlyjs=True)}</body></html>")
-    write_text_atomic(page, path)
+    write_text_atomic(report_html(report), path)
     return path
+
+
+def write_report_json(report: dict, path: str | Path) -> Path:
+    return save_json(report, path)
