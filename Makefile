@@ -12,7 +12,7 @@ WORKERS ?= 2
 
 MATRIX_ENVS ?= cpu cuda latest minimal
 
-.PHONY: setup browser run test matrix matrix-env free-threaded lab doctor labs clean
+.PHONY: setup browser run test matrix matrix-env free-threaded gpu-check gpu-check-env lab doctor labs clean
 
 setup: $(VENV)/.installed-$(ENV)
 
@@ -38,10 +38,13 @@ browser:
 test: setup browser
 	LABS_QUICK=1 LABS_HEADLESS=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
 
-# One environment of the matrix: the quick collection (record, sections, peak memory) and nbval on the
-# stored outputs, into runs/matrix/$(ENV)/. A failure is recorded there and reported by `make matrix`.
+# One environment of the matrix: the quick collection (record, sections, peak memory), nbval on the
+# stored outputs and the static check of the GPU sections against this torch, into runs/matrix/$(ENV)/.
+# A failure is recorded there and reported by `make matrix`.
 matrix-env: setup
 	rm -rf runs/matrix/$(ENV) && mkdir -p runs/matrix/$(ENV)
+	-$(BIN)/python -m pytest -q -p no:xdist tests/test_gpu_sections.py --junitxml runs/matrix/$(ENV)/gpu_sections.xml \
+	  >runs/matrix/$(ENV)/gpu_sections.log 2>&1; tail -1 runs/matrix/$(ENV)/gpu_sections.log
 	-$(BIN)/python -m helpers run --label $(ENV) --workers $(WORKERS) --out runs/matrix/$(ENV) --no-progress
 	-LABS_QUICK=1 LABS_HEADLESS=1 $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile notebooks labs/solutions \
 	  --junitxml runs/matrix/$(ENV)/nbval.xml >runs/matrix/$(ENV)/nbval.log 2>&1; tail -3 runs/matrix/$(ENV)/nbval.log
@@ -51,6 +54,8 @@ matrix-env: setup
 matrix:
 	for env in $(MATRIX_ENVS); do $(MAKE) --no-print-directory matrix-env ENV=$$env || exit 1; done
 	$(call venv_of,$(lastword $(MATRIX_ENVS)))/bin/python -m helpers report $(addprefix runs/matrix/,$(MATRIX_ENVS)) --out runs/matrix
+	@! grep -l '<failure\|<error' $(addsuffix /gpu_sections.xml,$(addprefix runs/matrix/,$(MATRIX_ENVS))) 2>/dev/null \
+	  || { echo "the static check of the GPU sections failed in the environments above"; exit 1; }
 
 # Free-threaded leg: a free-threaded CPython (found, or built once into the user's cache by
 # .ci/free-threaded-python), its own venv, then lesson 01, lab 01 and helpers.data's tests with the GIL
@@ -68,6 +73,26 @@ free-threaded:
 	  ran = [s['ran'] for n in r['notebooks'] for s in n['sections'] if s['section'] == '$(FT_SECTION)']; \
 	  sys.exit(0 if ran == [True] else 'section \'$(FT_SECTION)\' did not run: ' + repr(ran))"
 	LABS_QUICK=1 .venv-free-threaded/bin/python -m pytest -p no:xdist tests/test_data.py -q
+
+# A GPU machine (NVIDIA, AMD or Intel): the vendor from its own tools (nvidia-smi, rocminfo, xpu-smi or
+# sycl-ls), that vendor's environment file (cuda, rocm or xpu), the static check, every notebook in quick
+# mode with its GPU sections, then the verdict in runs/gpu-check/: record.json, matrix.html and
+# gpu_figures.json (every GPU timing with its section). It fails on a failed notebook and on a section
+# skipped although this GPU has what it needs. Without a GPU it runs the static check, says so, and fails.
+GPU_WORKERS ?= 4
+gpu-check:
+	@gpu=$$($(PYTHON) -m helpers.runner.gpu_check vendor) || { \
+	  $(MAKE) --no-print-directory setup && \
+	  $(call venv_of,cpu)/bin/python -m pytest -q -p no:xdist tests/test_gpu_sections.py; \
+	  echo "gpu-check: NO GPU on this machine: only the static check of the GPU sections ran (above)"; exit 1; }; \
+	$(MAKE) --no-print-directory gpu-check-env ENV=$$gpu
+
+gpu-check-env: setup
+	$(BIN)/python -m helpers doctor
+	$(BIN)/python -m pytest -q -p no:xdist tests/test_gpu_sections.py
+	rm -rf runs/gpu-check
+	-$(BIN)/python -m helpers run --label gpu-check-$(ENV) --workers $(GPU_WORKERS) --out runs/gpu-check --no-progress
+	$(BIN)/python -m helpers.runner.gpu_check verify runs/gpu-check
 
 lab: setup
 	$(BIN)/python -m jupyter lab --ip 127.0.0.1 --no-browser --IdentityProvider.token="$$($(BIN)/python -c 'import secrets; print(secrets.token_hex(16))')" $(if $(filter 0,$(shell id -u)),--allow-root,)

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 import torch.utils.benchmark as tbench
 
-from helpers.device import capabilities, pick_device, synchronize
+from helpers.device import SECTIONS, capabilities, pick_device, synchronize
 from helpers.files import write_text_atomic
 
 
@@ -80,8 +80,23 @@ def compare(candidates: dict[str, Callable[[], object]], *, baseline: str | None
         if work is not None:
             entry[f"{work_unit}_per_s"] = work / med
         results[name] = entry
-    return {"baseline": baseline, "threads": threads, "device": str(device), "repeats": repeats,
-            "torch": torch.__version__, "machine": _machine_summary(), "results": results}
+    result = {"baseline": baseline, "threads": threads, "device": str(device), "repeats": repeats,
+              "torch": torch.__version__, "machine": _machine_summary(), "results": results}
+    _log_figures(result)
+    return result
+
+
+FIGURES_LOG_ENV = "LABS_FIGURES_LOG"
+
+
+def _log_figures(result: dict) -> None:
+    """When LABS_FIGURES_LOG names a file (the batch runner sets it), append the result to it as one JSON
+    line with the lesson section it was measured in: how a run's figures reach its record."""
+    log = os.environ.get(FIGURES_LOG_ENV)
+    if log:
+        section = SECTIONS[-1]["section"] if SECTIONS and SECTIONS[-1]["ran"] else None
+        with open(log, "a") as f:
+            f.write(json.dumps({"section": section, **result}) + "\n")
 
 
 def _machine_summary() -> dict:

@@ -97,3 +97,16 @@ def test_check_equal_and_raises():
         check_raises(lambda: {}["k"], ValueError, what="wrong kind")
     with pytest.raises(CheckFailed):
         check_tensor([1.0], torch.ones(1), what="list")
+
+
+def test_results_reach_the_figures_log_with_their_section(tmp_path, monkeypatch, capsys):
+    from helpers import device
+    log = tmp_path / "figures.jsonl"
+    monkeypatch.setenv("LABS_FIGURES_LOG", str(log))
+    monkeypatch.setattr(device, "SECTIONS", [])
+    monkeypatch.setattr(bench, "SECTIONS", device.SECTIONS)
+    bench.compare({"a": lambda: None}, repeats=1, min_run_time=0.001, device="cpu")
+    device.SECTIONS.append({"section": "On this CPU", "needs": ["cxx"], "ran": True, "reason": None})
+    bench.compare({"b": lambda: None}, repeats=1, min_run_time=0.001, device="cpu")
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(f["section"], list(f["results"])) for f in lines] == [(None, ["a"]), ("On this CPU", ["b"])]

@@ -212,3 +212,19 @@ def test_card_lists_the_environments_where_quick_run_and_nbval_passed(tmp_path):
     path.write_text(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# no card")])))
     with pytest.raises(ValueError, match="no .*Verified with torch"):
         notebooks.write_verified(path, matrix, "2026-12-01")
+
+
+def test_the_gpu_sections_static_check_is_shown_per_environment(tmp_path):
+    checked = write_run(tmp_path / "a", [notebook(ATTENTION)], label="torch 2.10")
+    (checked / "gpu_sections.xml").write_text(
+        '<?xml version="1.0"?><testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_gpu_sections" name="test_x[06-cell26]"/>'
+        '<testcase classname="tests.test_gpu_sections" name="test_x[07-cell19]"><failure message="gone"/></testcase>'
+        '</testsuite></testsuites>')
+    unchecked = write_run(tmp_path / "b", [notebook(ATTENTION)], label="other")
+    matrix = merge_runs([checked, unchecked])
+    assert matrix["environments"][0]["gpu_sections_check"] == {"passed": 1, "failed": ["test_x[07-cell19]"]}
+    assert matrix["environments"][1]["gpu_sections_check"] is None
+    text = matrix_text(matrix)
+    assert "GPU sections static check: 1 passed, 1 failed (test_x[07-cell19])" in text
+    assert "GPU sections static check: 1 passed, 1 failed" in matrix_html(matrix)

@@ -31,6 +31,7 @@ from helpers.interactive import HEADLESS_ENV
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SECTION_LOG_ENV = "LABS_SECTION_LOG"    # the same name as helpers.device.SECTION_LOG_ENV (no torch here)
+FIGURES_LOG_ENV = "LABS_FIGURES_LOG"    # the same name as helpers.bench.FIGURES_LOG_ENV
 POLL_SECONDS = 0.1
 _LIVE: set[int] = set()       # driver pids of the jobs running in this process, for stop_all()
 OOM_WORDS = ("can't allocate memory", "out of memory", "cannot allocate memory")
@@ -190,8 +191,9 @@ def execute_job(job: dict) -> dict:
                     "cwd": str(cwd if cwd.is_dir() else workdir), "cell_timeout": job["cell_timeout"],
                     "result": str(workdir / "result.json")}
             (workdir / "job.json").write_text(json.dumps(spec))
-            log = workdir / "sections.jsonl"
-            env = {**os.environ, SECTION_LOG_ENV: str(log), HEADLESS_ENV: "1", "PYTHONUNBUFFERED": "1"}
+            log, figures = workdir / "sections.jsonl", workdir / "figures.jsonl"
+            env = {**os.environ, SECTION_LOG_ENV: str(log), FIGURES_LOG_ENV: str(figures), HEADLESS_ENV: "1",
+                   "PYTHONUNBUFFERED": "1"}
             with open(workdir / "driver.log", "wb") as driver_log:
                 driver = subprocess.Popen([sys.executable, "-m", "helpers.runner.drive", str(workdir / "job.json")],
                                           cwd=str(REPO), env=env, stdout=subprocess.DEVNULL, stderr=driver_log,
@@ -232,6 +234,8 @@ def execute_job(job: dict) -> dict:
                 record["error"] = _error_cell(nb, result, job["source"])
             if log.exists():
                 record["sections"] = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            if figures.exists():
+                record["figures"] = [json.loads(line) for line in figures.read_text().splitlines() if line.strip()]
     if record["fault"] and not record["error"]:
         record["error"] = {"ename": record["fault"], "evalue": record["detail"]}
     record["status"] = "passed" if record["fault"] is None else "failed"

@@ -6,8 +6,9 @@
 
 A run folder is what `python -m helpers run --out RUN_DIR` writes (record.json), plus an optional
 nbval.xml: pytest's JUnit XML of the nbval run over the same notebooks (`pytest --junitxml`), read as
-one result per notebook ("failed" if any of its cells failed, "skipped" if all were skipped). Imports no
-torch, so it runs wherever the runner runs.
+one result per notebook ("failed" if any of its cells failed, "skipped" if all were skipped), and an
+optional gpu_sections.xml: the JUnit XML of tests/test_gpu_sections.py, the static check of every GPU
+section against that environment's torch. Imports no torch, so it runs wherever the runner runs.
 """
 from __future__ import annotations
 
@@ -94,6 +95,32 @@ def read_nbval(path: Path, notebooks: list[str]) -> dict[str, str]:
             for nb, seen in outcomes.items()}
 
 
+def read_static_check(path: Path) -> dict | None:
+    """{"passed": n, "failed": [test ids]} from the static check's JUnit XML; None when there is none."""
+    if not path.is_file():
+        return None
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as exc:
+        raise ValueError(f"{path.parent}: cannot read {path.name}: {exc}") from None
+    passed, failed = 0, []
+    for case in root.iter("testcase"):
+        kinds = {child.tag for child in case}
+        if kinds & {"failure", "error"}:
+            failed.append(case.get("name", "?"))
+        elif "skipped" not in kinds:
+            passed += 1
+    return {"passed": passed, "failed": failed}
+
+
+def _static_text(env: dict) -> str:
+    check = env.get("gpu_sections_check")
+    if check is None:
+        return ""
+    failed = f", {len(check['failed'])} failed ({', '.join(check['failed'][:5])})" if check["failed"] else ""
+    return f"; GPU sections static check: {check['passed']} passed{failed}"
+
+
 def read_run(run_dir: str | Path) -> tuple[dict, dict]:
     """(record.json, nbval results by notebook path, empty without nbval.xml) of one run folder."""
     folder = Path(run_dir)
@@ -150,7 +177,8 @@ def merge_runs(run_dirs: list[str | Path]) -> dict:
                              "run_dir": str(run_dir), "torch_version": summary["machine"].get("torch_version"),
                              "passed": summary.get("passed"), "failed": summary.get("failed"),
                              "total_seconds": summary.get("total_seconds"),
-                             "complete": bool(summary.get("complete"))})
+                             "complete": bool(summary.get("complete")),
+                             "gpu_sections_check": read_static_check(Path(run_dir) / "gpu_sections.xml")})
         records = {r["path"]: r for r in summary["notebooks"]}
         notebooks += [path for path in records if path not in notebooks]
         runs.append((name, records, nbval))
@@ -194,7 +222,8 @@ def matrix_text(matrix: dict) -> str:
         counts = _counts(matrix, env["name"])
         lines.append(f"{env['name']}: {counts['passed']} passed, {counts['failed']} failed"
                      + (f", {counts[NOT_RUN]} not run" if counts[NOT_RUN] else "")
-                     + ("" if env["complete"] else " (run incomplete)") + f"; {env['description']}")
+                     + ("" if env["complete"] else " (run incomplete)") + f"; {env['description']}"
+                     + _static_text(env))
     return "\n".join(lines)
 
 
@@ -227,6 +256,7 @@ def _environment_item(matrix: dict, env: dict) -> str:
             + (f", {counts[NOT_RUN]} not run" if counts[NOT_RUN] else "")
             + ("" if env["complete"] else ", <b>run incomplete</b>")
             + (f", {env['total_seconds']:.1f} s" if env["total_seconds"] is not None else "")
+            + html.escape(_static_text(env))
             + f". Run folder: <code>{html.escape(env['run_dir'])}</code></li>")
 
 
