@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     val.add_argument("--device", default="auto")
     val.add_argument("--threads", type=int)
     val.add_argument("--samples", type=int, help="run, matrix: timed calls per candidate (default: by size)")
-    val.add_argument("--rounds", type=int, default=3, help="matrix: interleaved runs per version (default 3)")
+    val.add_argument("--rounds", type=int, default=4, help="matrix: interleaved runs per version (default 4)")
     val.add_argument("--compile", action="store_true", help="run: torch.compile every model (slow on CPU)")
     val.add_argument("--workloads", nargs="*", help="run: a subset (default: all)")
     val.add_argument("--checks", nargs="*", help="run: a subset of the upgrade checks (default: all; none: "

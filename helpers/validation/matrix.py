@@ -8,7 +8,7 @@ For each version it makes (or reuses) a venv `.venv-validate-<version>` beside t
 declares torch>=2.10, which would replace 2.9.1). pip's own configuration applies (PIP_INDEX_URL,
 PIP_FIND_LINKS, its cache), so a machine with the wheels cached installs in seconds.
 
-Then `rounds` rounds, A and B alternating (A B, then B A, ...), every run with identical settings
+Then `rounds` rounds, A and B alternating (A B, then B A, A B, B A), every run with identical settings
 (`validate run` with the same quick mode, threads, samples); the first round of each runs the upgrade
 checks too. Rounds of one version are merged (samples pooled, `pipeline.merge_runs`), the merged A is
 compared with the merged B, and everything lands in one folder:
@@ -72,10 +72,11 @@ def ensure_venv(version: str, venv: Path, log, python: str = sys.executable) -> 
     return {"venv": venv.name, "torch": found, "seconds": time.perf_counter() - start, "created": created}
 
 
-def run_matrix(versions: list[str], *, quick: bool = True, rounds: int = 3, threads: int | None = None,
+def run_matrix(versions: list[str], *, quick: bool = True, rounds: int = 4, threads: int | None = None,
                samples: int | None = None, out: str | Path | None = None, device: str = "cpu",
-               progress=print) -> dict:
-    """Install, run interleaved rounds, merge, compare, write. Returns the matrix record."""
+               run_args: list[str] | None = None, progress=print) -> dict:
+    """Install, run interleaved rounds, merge, compare, write. Returns the matrix record.
+    run_args: extra arguments for every `validate run` (e.g. a subset of workloads in a test)."""
     from helpers.validation import pipeline
     if len(versions) != 2:
         raise ValueError(f"give exactly two torch versions (A then B), got {versions}")
@@ -107,7 +108,9 @@ def run_matrix(versions: list[str], *, quick: bool = True, rounds: int = 3, thre
                        "--threads", str(threads), "--label", name, "--out", path, "--no-progress"]
                 cmd += ["--quick"] if quick else []
                 cmd += ["--samples", str(samples)] if samples else []
-                cmd += [] if r == 0 else ["--checks"]            # the checks once per version, in round 1
+                cmd += list(run_args or [])
+                if r > 0 and "--checks" not in (run_args or []):
+                    cmd += ["--checks"]                          # the checks once per version, in round 1
                 start = time.perf_counter()
                 rc = _run(cmd, log, timeout=RUN_TIMEOUT_S, cwd=REPO)
                 seconds = time.perf_counter() - start

@@ -217,6 +217,7 @@ def merge_runs(runs: list[dict], label: str | None = None) -> dict:
                 continue
             for name, f in figs.items():
                 if name in o["figures"] and f.get("stat") != "exact":
+                    f["groups"] = f.get("groups", [len(f["samples"])]) + [len(o["figures"][name]["samples"])]
                     f["samples"] = f["samples"] + o["figures"][name]["samples"]
             for out, rec in r.get("references", {}).items():
                 same = o.get("references", {}).get(out, {}).get("sha256") == rec["sha256"]
@@ -314,11 +315,15 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mism
                 continue
             stat = x.get("stat", "median")
             interval = stats.bootstrap_gain(x["samples"], y["samples"], x["better"],
-                                            "median" if stat == "exact" else stat, n_boot=n_boot)
+                                            "median" if stat == "exact" else stat, n_boot=n_boot,
+                                            groups_a=x.get("groups"), groups_b=y.get("groups"))
+            per_round = stats.round_gains(x["samples"], y["samples"], x.get("groups"), y.get("groups"), x["better"],
+                                          "median" if stat == "exact" else stat)
             rows.append(row | {"unit": x.get("unit", ""), "better": x["better"], "stat": stat, "a": x["value"],
                                "b": y["value"], "gain": interval["gain"], "low": interval["low"],
                                "high": interval["high"], "n_a": interval["n_a"], "n_b": interval["n_b"],
-                               "status": stats.verdict(interval, min_change)})
+                               "rounds_a": len(x.get("groups") or [1]), "rounds_b": len(y.get("groups") or [1]),
+                               "round_gains": per_round, "status": stats.verdict(interval, min_change, per_round)})
         ra, rb = wa.get("references", {}), wb.get("references", {})
         for out in dict.fromkeys(list(ra) + list(rb)):
             if out not in ra or out not in rb:
@@ -360,8 +365,10 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mism
             "numerics": numerics, "checks": checks, "migrations": migrations, "environment": env_diff,
             "statistic": f"gain of B over A per figure (its median, or its stated percentile, of per-call "
                          f"samples), with a {int(stats.CONFIDENCE * 100)}% percentile-bootstrap interval "
-                         f"({n_boot} resamples of each run's samples); flagged only when the interval "
-                         f"excludes 1 and the gain is beyond {min_change:.0%}",
+                         f"({n_boot} resamples; two-level when a run has several interleaved rounds: rounds "
+                         f"drawn with replacement, then samples within them); flagged only when the interval "
+                         f"excludes 1, the gain is beyond {min_change:.0%}, and every pair of rounds (A's round i "
+                         f"against B's round i) shows the change in the same direction",
             "regressions": regressions}
 
 
@@ -480,12 +487,15 @@ def report_html(report: dict) -> str:
     parts.append("<h2>Workloads</h2>")
     rows = [r for r in report["rows"] if "gain" in r]
     parts.append(_html_table(
-        ["workload", "figure", "stat", "A", "B", "gain of B", "95% interval", "samples A/B", "status"],
+        ["workload", "figure", "stat", "A", "B", "gain of B", "95% interval", "gain per round",
+         "samples (rounds) A/B", "status"],
         [[r["workload"], r["figure"], r["stat"], _short(r["a"], r["unit"]), _short(r["b"], r["unit"]),
-          f"{r['gain']:.3f}x", f"{r['low']:.3f} - {r['high']:.3f}", f"{r['n_a']}/{r['n_b']}", r["status"]]
-         for r in rows] + [[r["workload"], r["figure"], "", "", "", "", "", "", r["status"]]
+          f"{r['gain']:.3f}x", f"{r['low']:.3f} - {r['high']:.3f}",
+          " ".join(f"{g:.2f}" for g in r["round_gains"]) if r.get("round_gains") else "-",
+          f"{r['n_a']} ({r['rounds_a']}) / {r['n_b']} ({r['rounds_b']})", r["status"]]
+         for r in rows] + [[r["workload"], r["figure"], "", "", "", "", "", "", "", r["status"]]
                            for r in report["rows"] if "gain" not in r]
-        + [[m["workload"], "(whole workload)", "", "", "", "", "", "", f"missing in {m['missing_in']}: {m['why']}"]
+        + [[m["workload"], "(whole workload)", "", "", "", "", "", "", "", f"missing in {m['missing_in']}: {m['why']}"]
            for m in report["missing"]],
         [r["status"] for r in rows] + [""] * (len(report["rows"]) - len(rows) + len(report["missing"]))))
     try:

@@ -265,7 +265,7 @@ def run_bert_infer(quick: bool, device: torch.device, compile: bool = False, sam
         notes[f"L{max_len}"] = {"lengths": lengths, "padding_fraction": 1 - sum(lengths) / (max_len * len(lengths)),
                                 "max_abs_diff_vs_padded": errs}
     return _result(cfg | {"dtype": str(dtype)}, figures, outputs, notes=notes,
-                   paths={"varlen_attn": "ran" if varlen == "available" else "skipped: " + varlen})
+                   paths={"varlen_attn": "ran" if varlen == "available" else "skipped: " + varlen.split(":")[0]})
 
 
 def run_dlrm_moe_train(quick: bool, device: torch.device, compile: bool = False, samples: int | None = None,
