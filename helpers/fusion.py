@@ -228,7 +228,8 @@ def combo_grid(numels: Sequence[int], block: int) -> tuple[int, list[int]]:
     """Programs to launch for a combo kernel, and where each part's programs end (cumulative).
 
     Each part needs ceil(numel / block) programs; the launch is their sum. Part i owns program ids
-    ends[i-1] <= pid < ends[i]. This is Inductor's sequential combo grid (num_xblocks_0, _1, ...)."""
+    ends[i-1] <= pid < ends[i]. This is Inductor's sequential combo grid (num_xblocks_0, _1, ...);
+    round_robin_grid is the other one."""
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     ends, total = [], 0
@@ -238,6 +239,81 @@ def combo_grid(numels: Sequence[int], block: int) -> tuple[int, list[int]]:
         total += -(-n // block)
         ends.append(total)
     return total, ends
+
+
+# Inductor's choice between the two dispatch schemes of a combo kernel (ComboKernel.select_dispatch_strategy
+# in torch/_inductor/codegen/triton_combo_kernel.py, the same in 2.10 and 2.13): round-robin when every
+# sub-kernel is within BLOCK_UTILIZATION of the largest on average, i.e. when at most 20% of its programs
+# would be masked out.
+COMBO_BLOCK_UTILIZATION = 0.8
+COMBO_MAX_NODES_2_10 = 8      # kernels per combo kernel: hard-coded in 2.10's scheduler.py (max_num_nodes = 8)
+
+
+def combo_groups(numels: Sequence[int], max_nodes: int = COMBO_MAX_NODES_2_10) -> list[list[int]]:
+    """The groups Inductor's default grouping makes of independent kernels in order: chunks of max_nodes."""
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+    numels = list(numels)
+    return [numels[i:i + max_nodes] for i in range(0, len(numels), max_nodes)]
+
+
+def combo_dispatch_strategy(numels: Sequence[int], mixed_sizes: bool = True) -> str:
+    """'round_robin' or 'sequential': Inductor's rule, re-implemented.
+
+    mixed_sizes is True for combo kernels made by combo_kernels=True (the custom partition algorithm) and
+    False for foreach kernels (torch._foreach_* ops), with the default combo_kernel_allow_mixed_sizes=1.
+    Round-robin needs mixed sizes and sum(numels) / (max(numels) * len(numels)) > 0.8."""
+    numels = [abs(int(n)) for n in numels]
+    if not numels:
+        raise ValueError("combo_dispatch_strategy needs at least one sub-kernel size")
+    if not mixed_sizes or max(numels) == 0:
+        return "sequential"
+    utilization = sum(numels) / (max(numels) * len(numels))
+    return "round_robin" if utilization > COMBO_BLOCK_UTILIZATION else "sequential"
+
+
+def inductor_combo_dispatch_strategy(numels: Sequence[int], mixed_sizes: bool = True) -> str:
+    """The same decision, made by the installed Inductor's own ComboKernel.select_dispatch_strategy
+    (called on a stand-in object that holds only the attributes it reads; no GPU or Triton needed)."""
+    from types import SimpleNamespace
+
+    from torch._inductor.codegen.triton_combo_kernel import ComboKernel
+
+    stand_in = SimpleNamespace(dispatch_class=None, per_subkernel_blocks=False, mixed_sizes=mixed_sizes,
+                               x_numels_list=[int(n) for n in numels])
+    ComboKernel.select_dispatch_strategy(stand_in)
+    return {"RoundRobinDispatch": "round_robin", "SequentialDispatch": "sequential"}.get(
+        stand_in.dispatch_class.__name__, stand_in.dispatch_class.__name__)
+
+
+def round_robin_grid(numels: Sequence[int], block: int) -> tuple[int, int]:
+    """Programs of a round-robin combo launch (max blocks of any part, times the number of parts) and how
+    many of them are fully masked (a part with fewer blocks gets program ids it has no work for).
+    Program pid runs part pid % len(numels), block pid // len(numels) of it."""
+    total_sequential, _ = combo_grid(numels, block)
+    most = max((-(-n // block) for n in numels), default=0)
+    total = most * len(numels)
+    return total, total - total_sequential
+
+
+def inductor_options(*names: str) -> dict[str, object]:
+    """Current values of these torch._inductor.config options in the installed torch; a name it does not
+    have maps to None (names differ between releases: combo_kernel_max_num_nodes is not in 2.10)."""
+    from torch._inductor import config
+    values = config.get_config_copy()
+    return {name: values.get(name) for name in names}
+
+
+def sgd_optimizer(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], *, foreach: bool,
+                  lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 1e-4):
+    """torch.optim.SGD over copies of params (as nn.Parameters, .grad set to copies of grads), with the
+    hyper-parameters of sgd_step. Returns (optimizer, parameters). foreach=False runs a Python loop over
+    the tensors; foreach=True runs torch._foreach_* ops."""
+    parameters = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for p, g in zip(parameters, grads, strict=True):
+        p.grad = g.detach().clone()
+    opt = torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=foreach)
+    return opt, parameters
 
 
 def kernels_interpreted() -> bool:
@@ -281,6 +357,18 @@ def combo_launch(xs: Sequence[torch.Tensor], alpha: float = 0.5, block: int = 10
     if total > 0:
         _kernels().combo_kernel[(total,)](flat[0], outs[0], flat[0].numel(), flat[1], outs[1], flat[1].numel(),
                                       flat[2], outs[2], flat[2].numel(), alpha, BLOCK=block)
+    return [o.view(x.shape) for o, x in zip(outs, xs)]
+
+
+def combo_launch_round_robin(xs: Sequence[torch.Tensor], alpha: float = 0.5,
+                             block: int = 1024) -> list[torch.Tensor]:
+    """The same one launch with round-robin dispatch: program pid runs part pid % 3, block pid // 3."""
+    flat, outs = _prepare(xs, block)
+    total, _ = round_robin_grid([x.numel() for x in flat], block)
+    if total > 0:
+        _kernels().combo_kernel_round_robin[(total,)](flat[0], outs[0], flat[0].numel(), flat[1], outs[1],
+                                                      flat[1].numel(), flat[2], outs[2], flat[2].numel(),
+                                                      alpha, BLOCK=block)
     return [o.view(x.shape) for o, x in zip(outs, xs)]
 
 

@@ -30,7 +30,7 @@ def apply_part(x_ptr, y_ptr, n, local_pid, alpha, PART: tl.constexpr, BLOCK: tl.
 @triton.jit
 def combo_kernel(x0, y0, n0, x1, y1, n1, x2, y2, n2, alpha, BLOCK: tl.constexpr):
     """Three independent elementwise ops in one launch: the program id picks the part, as in
-    Inductor's combo kernels (num_xblocks_0, num_xblocks_1, ... then if pid < ...: elif ...)."""
+    Inductor's sequential dispatch (num_xblocks_0, num_xblocks_1, ... then if pid < ...: elif ...)."""
     pid = tl.program_id(0)
     end0 = tl.cdiv(n0, BLOCK)
     end1 = end0 + tl.cdiv(n1, BLOCK)
@@ -40,6 +40,20 @@ def combo_kernel(x0, y0, n0, x1, y1, n1, x2, y2, n2, alpha, BLOCK: tl.constexpr)
         apply_part(x1, y1, n1, pid - end0, alpha, 1, BLOCK)
     else:
         apply_part(x2, y2, n2, pid - end1, alpha, 2, BLOCK)
+
+
+@triton.jit
+def combo_kernel_round_robin(x0, y0, n0, x1, y1, n1, x2, y2, n2, alpha, BLOCK: tl.constexpr):
+    """The same three ops in one launch, dispatched round-robin as Inductor does when the parts have
+    similar sizes (if pid % N == i: pid_offset = pid // N): a part with fewer blocks gets masked programs."""
+    pid = tl.program_id(0)
+    local_pid = pid // 3
+    if pid % 3 == 0:
+        apply_part(x0, y0, n0, local_pid, alpha, 0, BLOCK)
+    elif pid % 3 == 1:
+        apply_part(x1, y1, n1, local_pid, alpha, 1, BLOCK)
+    else:
+        apply_part(x2, y2, n2, local_pid, alpha, 2, BLOCK)
 
 
 @triton.jit

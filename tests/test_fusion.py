@@ -34,6 +34,61 @@ def test_combo_grid_rejects_bad_input():
         fusion.combo_grid([4, -1], 4)
 
 
+@pytest.mark.parametrize("numels, block, expected", [
+    ([1000, 1, 3075], 256, (39, 21)),      # 13 blocks each for 3 parts; 4 + 1 + 13 have work
+    ([256, 512, 768], 256, (9, 3)),
+    ([0, 0, 0], 1024, (0, 0)),
+    ([], 16, (0, 0)),
+])
+def test_round_robin_grid(numels, block, expected):
+    assert fusion.round_robin_grid(numels, block) == expected
+
+
+def test_combo_groups_are_chunks_of_eight():
+    assert [len(g) for g in fusion.combo_groups(range(30))] == [8, 8, 8, 6]
+    assert fusion.combo_groups([5, 6, 7], max_nodes=2) == [[5, 6], [7]]
+    with pytest.raises(ValueError, match="max_nodes"):
+        fusion.combo_groups([1], max_nodes=0)
+
+
+@pytest.mark.parametrize("numels, mixed, expected", [
+    ([1024 + 37 * i for i in range(8)], True, "round_robin"),    # utilization 0.90
+    ([256 + 37 * i for i in range(6)], True, "sequential"),      # 0.79: just under the 0.8 bar
+    ([1024 + 37 * i for i in range(8)], False, "sequential"),    # foreach kernels: no mixed sizes
+    ([1000, 1, 3075], True, "sequential"),
+    ([512, 512], True, "round_robin"),
+    ([-4, 4], True, "round_robin"),                              # negative: a no-x-dim kernel's block count
+])
+def test_dispatch_strategy_matches_the_installed_inductor(numels, mixed, expected):
+    assert fusion.combo_dispatch_strategy(numels, mixed_sizes=mixed) == expected
+    assert fusion.inductor_combo_dispatch_strategy(numels, mixed_sizes=mixed) == expected
+
+
+def test_dispatch_strategy_rejects_no_sizes():
+    with pytest.raises(ValueError, match="at least one"):
+        fusion.combo_dispatch_strategy([])
+
+
+def test_inductor_options_reads_the_installed_config():
+    got = fusion.inductor_options("combo_kernels", "combo_kernel_max_num_args", "cpp.max_horizontal_fusion_size",
+                                  "no_such_option")
+    assert got["combo_kernels"] is False and got["no_such_option"] is None
+    assert isinstance(got["combo_kernel_max_num_args"], int) and got["cpp.max_horizontal_fusion_size"] > 0
+
+
+def test_torch_optim_sgd_matches_the_hand_written_step():
+    for foreach in (False, True):
+        ref = fusion.make_sgd_state(4, 16, seed=3)
+        opt, params = fusion.sgd_optimizer(ref[0], ref[1], foreach=foreach)
+        for _ in range(3):
+            fusion.sgd_step(*ref)
+            opt.step()
+        for p, r in zip(params, ref[0]):
+            torch.testing.assert_close(p.detach(), r, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        fusion.sgd_optimizer(ref[0], ref[1][:2], foreach=True)
+
+
 def test_combo_reference_matches_the_definition():
     xs = [torch.randn(7), torch.randn(3, 5), torch.randn(0)]
     got = fusion.combo_reference(xs, alpha=0.25)
@@ -58,6 +113,8 @@ def test_combo_inputs_are_validated(xs, error, match):
         fusion.combo_reference(xs)
     with pytest.raises(error, match=match):
         fusion.combo_launch(xs)        # validated before Triton is touched
+    with pytest.raises(error, match=match):
+        fusion.combo_launch_round_robin(xs)
 
 
 def test_combo_launch_rejects_a_block_that_is_not_a_power_of_two():
@@ -197,7 +254,8 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
         xs = [torch.randn(n).to(getattr(torch, dtype)) for n in sizes]
         xs[2] = xs[2] * 8                              # reach silu's saturated tails too
         want = fusion.combo_reference(xs, alpha=-1.5)
-        for kind, fn in (("combo", fusion.combo_launch), ("separate", fusion.separate_launches)):
+        for kind, fn in (("combo", fusion.combo_launch), ("separate", fusion.separate_launches),
+                         ("round_robin", fusion.combo_launch_round_robin)):
             got = fn(xs, alpha=-1.5, block=block)
             results[f"{kind} {sizes} {dtype}"] = [
                 [list(g.shape) == list(w.shape), str(g.dtype) == str(w.dtype),
@@ -226,7 +284,7 @@ def test_kernels_run_interpreted_in_the_child(interpreter_results):
 
 
 @pytest.mark.requires("triton")
-@pytest.mark.parametrize("kind", ["combo", "separate"])
+@pytest.mark.parametrize("kind", ["combo", "separate", "round_robin"])
 def test_triton_kernel_matches_eager_under_the_interpreter(interpreter_results, kind):
     cases = {k: v for k, v in interpreter_results.items() if k.startswith(kind + " ")}
     assert len(cases) == 7
