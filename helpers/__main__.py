@@ -173,7 +173,7 @@ def cmd_validate(args) -> int:
         except (RuntimeError, ValueError) as exc:
             raise SystemExit(f"error: {exc}") from None
         print(validation.table(record["report"]))
-        print(f"driver total {record['total_seconds']:.0f} s; written: {record['out']}/report.html")
+        print(f"driver total {record['total_seconds']:.0f} s; written: {Path(record['out']) / 'report.html'}")
         return 1 if record["findings"] else 0
     if len(args.paths) != 2:
         raise SystemExit("validate compare takes exactly two run files: A.json B.json")

@@ -25,12 +25,16 @@ def find_matrix() -> tuple[Path, str]:
     return RECORDED, "the recorded run shipped with the lab (python -m helpers validate matrix has not run here)"
 
 
+def matrix_paths(folder: str | Path) -> tuple[Path, Path]:
+    """The merged run files (A, B) of a driver folder."""
+    folder = Path(folder)
+    names = list(json.loads((folder / "matrix.json").read_text())["venvs"])
+    return folder / f"{names[0]}.json", folder / f"{names[1]}.json"
+
+
 def load_matrix(folder: str | Path) -> tuple[dict, dict, dict]:
     """(run A, run B, report) of a driver folder: the merged runs and the comparison, recomputed from them."""
-    folder = Path(folder)
-    record = json.loads((folder / "matrix.json").read_text())
-    names = list(record["venvs"])
-    a, b = (pipeline.load_run(folder / f"{n}.json") for n in names)
+    a, b = (pipeline.load_run(p) for p in matrix_paths(folder))
     return a, b, pipeline.compare_runs(a, b)
 
 

@@ -91,7 +91,7 @@ def run_matrix(versions: list[str], *, quick: bool = True, rounds: int = 4, thre
     if versions[0] == versions[1]:
         names = [f"torch-{versions[0]}-a", f"torch-{versions[1]}-b"]
     record = {"versions": versions, "quick": quick, "rounds": rounds, "threads": threads, "samples": samples,
-              "device": device, "out": str(out), "venvs": {}, "runs": [], "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+              "device": device, "out": str(out.relative_to(REPO) if out.is_relative_to(REPO) else out), "venvs": {}, "runs": [], "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with open(out / "driver.log", "a") as log:
         for v, name, suffix in zip(versions, names, suffixes):
             progress(f"[{name}] preparing {venv_path(v, suffix).name} (pip install torch=={v}, then the package)")
