@@ -7,7 +7,10 @@ expert GEMMs, and an MoE layer whose input checks turn torch's terse errors into
     y = unpermute(ys, order, gates)                      # back to token order, gate-weighted sum
 
 Every implementation takes the same arguments (xs [M, K], w [E, K, N], offs int32 [E]) and returns
-[M, N]; IMPLEMENTATIONS maps their names to them, `loop_gemm` is the reference.
+[M, N]; IMPLEMENTATIONS maps their names to them, `loop_gemm` is the reference. Rows past offs[-1]
+(a buffer sized for more rows than were routed, as capacity-padded MoE code passes) belong to no
+expert: every implementation returns them as zeros, and their gradient is zero (F.grouped_mm alone
+leaves them uninitialised, forward and backward).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.bench import compare
 from helpers.checks import check_speedup, fail, passed
@@ -47,6 +51,13 @@ def counts_from_offsets(offs: torch.Tensor) -> torch.Tensor:
     return torch.diff(offs.long(), prepend=offs.new_zeros(1).long())
 
 
+def expert_counts(expert_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Rows per expert (int64 [num_experts]) with a scatter-add into zeros: unlike torch.bincount, whose
+    CUDA kernel reads the ids' min and max back to the host, it never waits for the device."""
+    flat = expert_ids.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
 def check_expert_ids(expert_ids: torch.Tensor, num_experts: int) -> None:
     if expert_ids.dtype.is_floating_point or expert_ids.dtype == torch.bool:
         raise TypeError(f"expert ids must be an integer tensor, got {expert_ids.dtype}")
@@ -56,19 +67,22 @@ def check_expert_ids(expert_ids: torch.Tensor, num_experts: int) -> None:
                          f"the router's last dimension must equal the number of expert weights")
 
 
-def permute(x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int
+def permute(x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int, *, validate: bool = True
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sort the (token, choice) pairs by expert.
 
     Returns xs [T*k, d] (row i is token order[i] // k), order [T*k] (positions in the flattened
     [T, k] choices, stable within an expert) and offs int32 [num_experts] (cumulative END offsets).
+    validate=False skips check_expert_ids, the only step that reads the device's data on the host:
+    the rest (argsort, gather, scatter-add, cumsum) never waits for the device.
     """
-    check_expert_ids(expert_ids, num_experts)
+    if validate:
+        check_expert_ids(expert_ids, num_experts)
     flat = expert_ids.reshape(-1)
     k = expert_ids.shape[-1] if expert_ids.dim() > 1 else 1
     order = torch.argsort(flat, stable=True)
     xs = x[order // k]
-    offs = offsets_from_counts(torch.bincount(flat, minlength=num_experts))
+    offs = offsets_from_counts(expert_counts(flat, num_experts))
     return xs, order, offs
 
 
@@ -81,6 +95,25 @@ def unpermute(ys: torch.Tensor, order: torch.Tensor, gates: torch.Tensor) -> tor
     return (ys[back].view(tokens, k, ys.shape[-1]) * gates.unsqueeze(-1).to(ys.dtype)).sum(dim=1)
 
 
+def expert_capacity(tokens: int, k: int, num_experts: int, factor: float) -> int:
+    """Rows each expert may take: factor x its fair share of the tokens x k routed rows (Switch
+    Transformer's capacity factor, https://arxiv.org/abs/2101.03961, with k choices per token)."""
+    return math.ceil(factor * tokens * k / num_experts)
+
+
+def within_capacity(expert_ids: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """bool [T, k]: which (token, choice) pairs an expert with `capacity` slots keeps. Slots go to every
+    token's first choice before any second choice, then in token order (GShard's priority,
+    https://arxiv.org/abs/2006.16668); the rest are dropped (the token's residual carries it past the layer).
+    Computed on the device with a cumulative count: no host synchronisation."""
+    by_priority = expert_ids.t().reshape(-1, 1)                               # choice-major
+    # a one-hot by scatter: F.one_hot reads the ids' min and max on the host to check them (on CPU)
+    one_hot = torch.zeros(by_priority.shape[0], num_experts, dtype=torch.long, device=expert_ids.device)
+    one_hot.scatter_(1, by_priority, 1)
+    slot = one_hot.cumsum(0).gather(1, by_priority).squeeze(1) - 1           # arrival rank in its expert
+    return (slot < capacity).view(expert_ids.shape[1], -1).t()
+
+
 def skewed_counts(total: int, num_experts: int, skew: float) -> torch.Tensor:
     """Deterministic tokens per expert, Zipf-like: expert i gets a share proportional to (i+1)**-skew.
     skew=0 is uniform; larger skew piles tokens on the first experts and can leave some with none."""
@@ -90,12 +123,68 @@ def skewed_counts(total: int, num_experts: int, skew: float) -> torch.Tensor:
     return counts
 
 
+# --- Host synchronisations -------------------------------------------------------------------------
+
+# Ops that copy a device tensor's data to the host (on a GPU: wait for the queue to drain).
+HOST_READS = {"_local_scalar_dense": ".item(), int(t), float(t), bool(t), or an `if` on a tensor",
+              "bincount": "reads the ids' min and max to size its output (aten/src/ATen/native/cuda/SummaryOps.cu)",
+              "repeat_interleave": "sums the repeats for the output size unless output_size= is given",
+              "nonzero": "its output size depends on the data"}
+
+
+class _OpLog(TorchDispatchMode):
+    """Runs every op and records the ones `keep(name, args, kwargs, out)` returns a record for."""
+
+    def __init__(self, keep):
+        super().__init__()
+        self.keep, self.records = keep, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        record = self.keep(func.overloadpacket.__name__, args, kwargs, out)
+        if record is not None:
+            self.records.append(record)
+        return out
+
+
+def _host_read(name, args, kwargs, out):
+    if name in HOST_READS and not (name == "repeat_interleave" and kwargs.get("output_size") is not None):
+        return name
+    return None
+
+
+def host_reads(fn) -> list[str]:
+    """The ops in HOST_READS that fn() dispatches, in order, on any device (they are syncs on a GPU).
+    Tensor.tolist() copies without going through the dispatcher: it is not counted, read the code."""
+    with _OpLog(_host_read) as log:
+        fn()
+    return log.records
+
+
+def _grouped_mm_call(name, args, kwargs, out):
+    if name != "_grouped_mm":
+        return None
+    a, b = args[0], args[1]
+    return {"a": tuple(a.shape), "b": tuple(b.shape), "out": tuple(out.shape),
+            "form": f"{a.dim()}D x {b.dim()}D"}
+
+
+def grouped_mm_calls(fn) -> list[dict]:
+    """Every aten._grouped_mm that fn() dispatches (a backward included): operand and output shapes."""
+    with _OpLog(_grouped_mm_call) as log:
+        fn()
+    return log.records
+
+
 # --- Validation: torch's errors, said clearly ---------------------------------------------------
 
 def check_grouped_inputs(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, layout: bool = True) -> None:
     """Raise a clear error for every input F.grouped_mm (2D x 3D with offsets) rejects, or accepts
     silently although the result is wrong (offsets past the end or decreasing). layout=False skips
-    the dtype and 16-byte-stride rules, which only grouped_mm itself has."""
+    the dtype and 16-byte-stride rules, which only grouped_mm itself has. A last offset below the
+    number of rows is allowed (a buffer with room to spare): the implementations zero those rows.
+    Reads the offsets on the host (two syncs on a GPU)."""
     if xs.dim() != 2 or w.dim() != 3:
         raise ValueError(f"expected tokens xs [M, K] and expert weights w [E, K, N], got shapes "
                          f"{tuple(xs.shape)} and {tuple(w.shape)}")
@@ -148,19 +237,6 @@ def pad_to_multiple(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     return F.pad(t, pad)
 
 
-class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the incoming gradient contiguous: grouped_mm's backward rejects
-    the stride-0 gradient that y.sum().backward() sends ("Invalid strides/sizes, got [0, 0]")."""
-
-    @staticmethod
-    def forward(ctx, y):
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.contiguous()
-
-
 # --- Four implementations of the expert GEMMs -----------------------------------------------------
 
 def _bounds(offs: torch.Tensor) -> list[tuple[int, int]]:
@@ -168,11 +244,16 @@ def _bounds(offs: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip([0] + ends[:-1], ends))
 
 
+def _unowned_rows(xs: torch.Tensor, offs: torch.Tensor, n: int) -> torch.Tensor:
+    """Zeros for the rows past offs[-1], which no expert owns."""
+    return xs.new_zeros(xs.shape[0] - (int(offs[-1]) if offs.numel() else 0), n)
+
+
 def loop_gemm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """The regular-GEMM fallback: one matmul per expert on its slice of rows (the reference)."""
     check_grouped_inputs(xs, w, offs, layout=False)
     parts = [xs[start:end] @ w[e] for e, (start, end) in enumerate(_bounds(offs))]
-    return torch.cat(parts) if parts else xs.new_zeros(0, w.shape[-1])
+    return torch.cat(parts + [_unowned_rows(xs, offs, w.shape[-1])])
 
 
 def padded_bmm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -185,13 +266,48 @@ def padded_bmm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.T
     slot = torch.arange(rows, device=xs.device) - (offs.long() - counts)[group]
     padded = xs.new_zeros(w.shape[0], int(counts.max()) if len(counts) else 0, xs.shape[1])
     padded = padded.index_put((group, slot), xs[:rows])
-    return torch.bmm(padded, w)[group, slot]
+    return torch.cat([torch.bmm(padded, w)[group, slot], _unowned_rows(xs, offs, w.shape[-1])])
+
+
+def grouped_gemm_input_grad(w: torch.Tensor, offs: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dX = grouped_mm(dY, W^T, offs), 2D x 3D: each expert's rows of dY times its transposed weight.
+    The rows past offs[-1] are zeroed (grouped_mm leaves them uninitialised)."""
+    dx = F.grouped_mm(dy.contiguous(), w.transpose(-2, -1), offs=offs)
+    dx[int(offs[-1]) if offs.numel() else 0:] = 0
+    return dx
+
+
+def grouped_gemm_weight_grad(xs: torch.Tensor, offs: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dW = grouped_mm(X^T, dY, offs), 2D x 2D: the groups run along the contracted dimension (the
+    rows) and each gives one [K, N] gradient; an expert without rows gets zeros."""
+    return F.grouped_mm(xs.contiguous().t(), dy.contiguous(), offs=offs)
+
+
+class _GroupedMM(torch.autograd.Function):
+    """F.grouped_mm with the unowned rows zeroed; its backward is the two grouped GEMMs above (the
+    ones torch's own backward dispatches), with a contiguous dY: y.sum()'s stride-0 gradient would
+    otherwise be rejected ("Invalid strides/sizes, got [0, 0]")."""
+
+    @staticmethod
+    def forward(ctx, xs, w, offs):
+        ctx.save_for_backward(xs, w, offs)
+        out = F.grouped_mm(xs, w, offs=offs)
+        out[int(offs[-1]) if offs.numel() else 0:] = 0
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        xs, w, offs = ctx.saved_tensors
+        dx = grouped_gemm_input_grad(w, offs, dy) if ctx.needs_input_grad[0] else None
+        dw = grouped_gemm_weight_grad(xs, offs, dy) if ctx.needs_input_grad[1] else None
+        return dx, dw, None
 
 
 def grouped_gemm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """torch.nn.functional.grouped_mm after check_grouped_inputs, safe for y.sum().backward()."""
+    """torch.nn.functional.grouped_mm after check_grouped_inputs, with zeros in the rows past
+    offs[-1] and a backward that accepts y.sum().backward()'s stride-0 gradient."""
     check_grouped_inputs(xs, w, offs)
-    return _ContiguousGrad.apply(F.grouped_mm(xs, w, offs=offs))
+    return _GroupedMM.apply(xs, w, offs)
 
 
 def triton_gemm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
@@ -252,7 +368,7 @@ def _triton_kernel():
                         mask=(rows[:, None] < row_end) & ((k0 + ks)[None, :] < K), other=0.0)
             b = tl.load(w_ptr + expert * stride_we + (k0 + ks)[:, None] * stride_wk + cols[None, :] * stride_wn,
                         mask=((k0 + ks)[:, None] < K) & (cols[None, :] < N), other=0.0)
-            if UPCAST:   # the interpreter's tl.dot gives garbage for bf16/fp16 tiles (Triton 3.9)
+            if UPCAST:   # the interpreter's tl.dot gives garbage for bf16 tiles (Triton 3.9)
                 a, b = a.to(tl.float32), b.to(tl.float32)
             if IEEE:     # fp32 in full precision: tl.dot's default on NVIDIA is TF32 (10-bit mantissa)
                 acc = tl.dot(a, b, acc, input_precision="ieee")
@@ -337,6 +453,26 @@ def check_beats_padded(fast, padded, *, at_least: float, what: str, device: torc
 
 def gemm_gflop(rows: int, k: int, n: int) -> float:
     return 2 * rows * k * n / 1e9
+
+
+def grouped_gemm_traffic(counts, k: int, n: int, element_bytes: int) -> dict:
+    """FLOPs and the bytes that must move at least once, per expert group of [n_e, K] @ [K, N]: its
+    rows, its whole weight and its output. Arithmetic intensity = FLOPs / bytes. The grouped GEMM
+    reads E weights where the dense GEMM of the same FLOPs reads one."""
+    counts = [int(c) for c in counts]
+    flops = [2 * c * k * n for c in counts]
+    nbytes = [element_bytes * (c * k + k * n + c * n) for c in counts]
+    rows = sum(counts)
+    dense_bytes = element_bytes * (rows * k + k * n + rows * n)
+    return {"counts": counts, "flops": flops, "bytes": nbytes,
+            "intensity": [f / b for f, b in zip(flops, nbytes)],
+            "total_flops": sum(flops), "total_bytes": sum(nbytes),
+            "dense_bytes": dense_bytes, "dense_intensity": 2 * rows * k * n / dense_bytes}
+
+
+def roofline_seconds(flops, nbytes, peak_flops: float, bandwidth: float) -> float:
+    """The least time the groups can take one after another, each bound by compute or by memory."""
+    return sum(max(f / peak_flops, b / bandwidth) for f, b in zip(flops, nbytes))
 
 
 def measure_split(counts: torch.Tensor, k: int, n: int, *, dtype: torch.dtype = torch.float32,

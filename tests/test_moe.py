@@ -74,6 +74,98 @@ def test_grouped_gemm_survives_the_stride_zero_gradient_that_raw_grouped_mm_reje
     torch.testing.assert_close(w.grad, wr.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_past_the_last_offset_are_zero_forward_and_backward_in_every_implementation(dtype):
+    """A buffer with more rows than were routed (offs[-1] < M): F.grouped_mm leaves those rows
+    uninitialised, forward and backward; every implementation here returns zeros and zero gradients."""
+    xs, w, offs, _ = problem(4, 1.0, dtype, tokens=30)
+    buffer = torch.cat([xs, torch.full((10, xs.shape[1]), 7.0, dtype=dtype)])      # 10 unowned rows
+    outs, grads = {}, {}
+    for name in ("loop", "padded_bmm", "grouped_mm"):
+        xb, wb = buffer.clone().requires_grad_(), w.clone().requires_grad_()
+        out = moe.IMPLEMENTATIONS[name](xb, wb, offs)
+        out.backward(torch.ones_like(out))
+        assert out.shape == (40, w.shape[2]) and torch.equal(out[30:], torch.zeros_like(out[30:])), name
+        assert torch.equal(xb.grad[30:], torch.zeros_like(xb.grad[30:])), name
+        outs[name], grads[name] = out.detach().float(), (xb.grad.float(), wb.grad.float())
+    for name in ("padded_bmm", "grouped_mm"):
+        torch.testing.assert_close(outs[name], outs["loop"], **TOL[dtype])
+        for got, want in zip(grads[name], grads["loop"]):
+            torch.testing.assert_close(got, want, **TOL[dtype])
+
+
+def test_weight_and_input_grads_are_the_grouped_gemms_autograd_computes():
+    xs, w, offs, counts = problem(5, 3.0, torch.float32, tokens=36, requires_grad=True)
+    assert (counts == 0).any()
+    dy = torch.randn(36, w.shape[2], generator=torch.Generator().manual_seed(3))
+    moe.loop_gemm(xs, w, offs).backward(dy)
+    torch.testing.assert_close(moe.grouped_gemm_input_grad(w.detach(), offs, dy), xs.grad)
+    dw = moe.grouped_gemm_weight_grad(xs.detach(), offs, dy)
+    assert dw.shape == w.shape
+    torch.testing.assert_close(dw, w.grad)
+    assert torch.equal(dw[counts == 0], torch.zeros_like(dw[counts == 0]))
+
+
+def test_torch_backward_dispatches_the_two_grouped_gemms():
+    xs, w, offs, _ = problem(4, 1.0, torch.float32, tokens=20, requires_grad=True)
+    y = F.grouped_mm(xs, w, offs=offs)
+    calls = moe.grouped_mm_calls(lambda: y.backward(torch.ones_like(y)))
+    forms = sorted((c["form"], c["out"]) for c in calls)
+    assert forms == [("2D x 2D", (4, 16, 24)), ("2D x 3D", (20, 16))], calls
+    assert moe.grouped_mm_calls(lambda: xs @ w[0]) == []
+
+
+@FAST
+@given(tokens=st.integers(0, 40), experts=st.integers(1, 9), k=st.integers(1, 3), seed=st.integers(0, 99))
+def test_expert_counts_equal_bincount(tokens, experts, k, seed):
+    ids = torch.randint(0, experts, (tokens, k), generator=torch.Generator().manual_seed(seed))
+    counts = moe.expert_counts(ids, experts)
+    assert counts.dtype == torch.long and torch.equal(counts, torch.bincount(ids.reshape(-1), minlength=experts))
+
+
+def test_host_reads_names_the_syncs_and_sync_free_routing_has_none():
+    t = torch.tensor([3, 1, 2])
+    assert moe.host_reads(lambda: (int(t.max()), bool((t > 0).all()))) == ["_local_scalar_dense"] * 2
+    assert moe.host_reads(lambda: torch.bincount(t)) == ["bincount"]
+    assert moe.host_reads(lambda: torch.repeat_interleave(torch.arange(3), t)) == ["repeat_interleave"]
+    assert moe.host_reads(lambda: torch.repeat_interleave(torch.arange(3), t, output_size=6)) == []
+    x, ids = torch.randn(6, 4), torch.tensor([[0, 2], [1, 2], [2, 0], [0, 1], [3, 2], [2, 1]])
+    assert moe.host_reads(lambda: moe.permute(x, ids, 4)) == ["_local_scalar_dense"] * 2   # check_expert_ids
+    assert moe.host_reads(lambda: moe.permute(x, ids, 4, validate=False)) == []
+    assert moe.host_reads(lambda: moe.within_capacity(ids, 4, 2)) == []
+    for got, want in zip(moe.permute(x, ids, 4, validate=False), moe.permute(x, ids, 4)):
+        assert torch.equal(got, want)
+
+
+def test_capacity_keeps_first_choices_first_and_drops_the_overflow():
+    assert moe.expert_capacity(tokens=10, k=2, num_experts=4, factor=1.0) == 5
+    assert moe.expert_capacity(tokens=10, k=2, num_experts=4, factor=1.25) == 7
+    # every token's first choice is expert 0, second choice expert 1 or 0
+    ids = torch.tensor([[0, 1], [0, 1], [0, 1], [0, 2]])
+    keep = moe.within_capacity(ids, 3, capacity=2)
+    assert keep.tolist() == [[True, True], [True, True], [False, False], [False, True]]
+    keep = moe.within_capacity(torch.tensor([[1, 0], [0, 1], [0, 1]]), 2, capacity=2)
+    # expert 0's slots go to the first choices of tokens 1 and 2, not to token 0's second choice
+    assert keep.tolist() == [[True, False], [True, True], [True, False]]
+    ids = torch.randint(0, 6, (50, 2), generator=torch.Generator().manual_seed(0))
+    assert moe.within_capacity(ids, 6, capacity=100).all()
+    kept = [int(moe.within_capacity(ids, 6, capacity=c).sum()) for c in (1, 5, 10, 20)]
+    assert kept == sorted(kept) and kept[0] == int((moe.expert_counts(ids, 6) > 0).sum())
+    per_expert = moe.expert_counts(ids[moe.within_capacity(ids, 6, capacity=10)], 6)
+    assert int(per_expert.max()) <= 10
+
+
+def test_grouped_gemm_traffic_counts_every_weight_once_per_expert():
+    t = moe.grouped_gemm_traffic([3, 0, 5], k=4, n=2, element_bytes=2)
+    assert t["flops"] == [48, 0, 80] and t["total_flops"] == 128
+    assert t["bytes"] == [2 * (12 + 8 + 6), 2 * 8, 2 * (20 + 8 + 10)]
+    assert t["dense_bytes"] == 2 * (32 + 8 + 16)
+    assert t["total_bytes"] - t["dense_bytes"] == 2 * 2 * 8          # two more weights than the dense GEMM
+    assert t["intensity"][1] == 0 and t["dense_intensity"] == 128 / t["dense_bytes"]
+    # memory-bound groups take bytes / bandwidth, compute-bound ones flops / peak
+    assert moe.roofline_seconds([100, 100], [1, 1000], peak_flops=100, bandwidth=100) == 1 + 10
+
+
 @FAST
 @given(tokens=st.integers(0, 30), experts=st.integers(1, 9), k=st.integers(1, 3), seed=st.integers(0, 99))
 def test_permute_then_unpermute_restores_token_order(tokens, experts, k, seed):
@@ -200,12 +292,15 @@ TRITON_SCRIPT = textwrap.dedent("""
     import torch
     from helpers import moe
     errors = []
-    for experts, skew, dtype, k, n, tokens in [(4, 0.0, torch.float32, 32, 48, 70), (8, 8.0, torch.float32, 16, 40, 37),
-                                               (3, 1.0, torch.bfloat16, 40, 24, 50), (2, 0.0, torch.float16, 16, 16, 0)]:
+    # spare: rows past offs[-1] in the buffer, which no expert owns and the kernel must leave zero
+    for experts, skew, dtype, k, n, tokens, spare in [
+            (4, 0.0, torch.float32, 32, 48, 70, 0), (8, 8.0, torch.float32, 16, 40, 37, 0),
+            (3, 1.0, torch.bfloat16, 40, 24, 50, 0), (2, 0.0, torch.float16, 16, 16, 0, 0),
+            (3, 1.0, torch.float32, 16, 16, 30, 9)]:
         counts = moe.skewed_counts(tokens, experts, skew)
         offs = moe.offsets_from_counts(counts)
         g = torch.Generator().manual_seed(0)
-        xs = torch.randn(tokens, k, generator=g).to(dtype)
+        xs = torch.randn(tokens + spare, k, generator=g).to(dtype)
         w = torch.randn(experts, k, n, generator=g).to(dtype)
         out = moe.triton_gemm(xs, w, offs)
         ref = moe.loop_gemm(xs.float(), w.float(), offs)
