@@ -6,11 +6,13 @@
     layer = Int8WeightOnlyLinear.from_linear(linear) # torch._weight_int8pack_mm, bf16 activations
     y = fake_quant_ste(w, scale, bits=4)             # forward quantized, gradient straight through
 
-Quantization here is symmetric (zero point 0): q = clamp(round(x / scale), -qmax, qmax) with
-qmax = 2**(bits-1) - 1, and x is approximately q * scale.
+Quantization is symmetric (zero point 0) unless a function says otherwise:
+q = clamp(round(x / scale), -qmax, qmax) with qmax = 2**(bits-1) - 1, and x is approximately q * scale.
+The asymmetric functions use unsigned codes and a zero point: x is approximately (q - zero_point) * scale.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -116,6 +118,42 @@ def dequantize_per_group(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dty
     group_size = k // scales.shape[1]
     out = q.reshape(n, -1, group_size).float() * scales.float()[..., None]
     return out.reshape(n, k).to(dtype)
+
+
+# --- Asymmetric (affine) quantization: unsigned codes and a zero point -----------------------
+
+def asymmetric_qparams(x: torch.Tensor, bits: int = 8, axis: int | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 scale and int32 zero point (per tensor, or per channel along axis) for codes 0..2**bits - 1
+    covering [min(x, 0), max(x, 0)]: the range always holds 0, so zero (ReLU's output, padding) is exact.
+    The same formula as torch's MinMaxObserver with quint8 and an affine scheme."""
+    _check_float(x, "x")
+    if not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise ValueError(f"bits must be an int from 2 to 8 (uint8 storage), got {bits!r}")
+    dims = _reduce_dims(x, axis)
+    xf = x.detach().float()
+    lo = xf.amin(dim=dims).clamp(max=0) if x.numel() else torch.zeros(())
+    hi = xf.amax(dim=dims).clamp(min=0) if x.numel() else torch.zeros(())
+    top = 2 ** bits - 1
+    scale = ((hi - lo) / top).clamp(min=torch.finfo(torch.float32).eps)
+    zero_point = torch.clamp(-torch.round(lo / scale), 0, top).to(torch.int32)
+    return scale, zero_point
+
+
+def quantize_asymmetric(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, bits: int = 8
+                        ) -> torch.Tensor:
+    """uint8 codes clamp(round(x / scale) + zero_point, 0, 2**bits - 1); scale and zero_point broadcast
+    against x (reshape per-channel ones with broadcast_scale)."""
+    _check_float(x, "x")
+    codes = torch.round(x.float() / scale.float()) + zero_point.float()
+    return torch.clamp(codes, 0, 2 ** bits - 1).to(torch.uint8)
+
+
+def dequantize_asymmetric(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    if q.dtype != torch.uint8:
+        raise TypeError(f"q must be uint8 codes, got {q.dtype}")
+    return ((q.float() - zero_point.float()) * scale.float()).to(dtype)
 
 
 # --- Calibrators: choose the scale -----------------------------------------------------------
@@ -347,6 +385,23 @@ def choose_fastest_path(layer: Int8WeightOnlyLinear, example: torch.Tensor, path
     return {"path": layer.path, "errors": errors, "times_s": times}
 
 
+# --- int4 weight-only with torchao on CPU ----------------------------------------------------
+
+def torchao_int4_cpu_config(group_size: int = 32, algorithm: str = "tinygemm"):
+    """torchao's int4 weight-only config for the CPU kernel torch._weight_int4pack_mm_for_cpu: asymmetric
+    codes 0..15 packed two per byte, one scale and one zero per group of `group_size` inputs, in the
+    weight's dtype. `algorithm` "hqq" chooses them by HQQ's optimisation instead of min-max. It is a
+    prototype whose name moved between releases, so both are tried: torchao 0.16 has
+    prototype.int4_opaque_tensor.Int4WeightOnlyOpaqueTensorConfig, 0.18 prototype.quantization.int4's
+    PrototypeInt4WeightOnlyConfig. Raises ImportError when neither exists. The kernel needs
+    out_features divisible by 16 and group_size 32, 64 or 128."""
+    try:
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig as Config
+    except ImportError:
+        from torchao.prototype.int4_opaque_tensor import Int4WeightOnlyOpaqueTensorConfig as Config
+    return Config(group_size=group_size, int4_choose_qparams_algorithm=algorithm, set_inductor_config=False)
+
+
 # --- FP8 -------------------------------------------------------------------------------------
 
 def to_fp8(x: torch.Tensor, rowwise: bool, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -384,10 +439,36 @@ def fp8_matmul_reference(xq, sx, wq, sw, out_dtype: torch.dtype = torch.bfloat16
 
 # --- Lab check -------------------------------------------------------------------------------
 
+def tensor_bytes(value) -> int:
+    """Bytes a tensor really holds. A tensor subclass (torchao's quantized weights) counts its inner
+    tensors (packed codes, scales, zero points), found through __tensor_flatten__; a quantized tensor
+    (torch.ao) its codes plus per-channel scales and zero points; tuples and lists (torch.ao's packed
+    parameters) their tensors; anything else counts 0."""
+    if isinstance(value, (tuple, list)):
+        return sum(tensor_bytes(v) for v in value)
+    if not isinstance(value, torch.Tensor):
+        return 0
+    if hasattr(value, "__tensor_flatten__"):
+        names, _ = value.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(value, name)) for name in names)
+    if value.is_quantized:
+        extra = 0
+        if value.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            extra = tensor_bytes(value.q_per_channel_scales()) + tensor_bytes(value.q_per_channel_zero_points())
+        return value.int_repr().numel() * value.element_size() + extra
+    return value.numel() * value.element_size()
+
+
 def model_bytes(model: nn.Module) -> int:
-    """Bytes of parameters and buffers (what a batch-1 forward has to read)."""
-    tensors = list(model.parameters()) + [b for b in model.buffers() if b is not None]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes of every tensor a model holds for inference: its state_dict (weights, biases, scales, zero
+    points, packed codes; torch.ao's packed parameters included). For a torch.fx GraphModule (a PT2E
+    model), only the tensors and submodules its graph reads: convert_pt2e leaves the float originals
+    attached, unused."""
+    if isinstance(model, torch.fx.GraphModule):
+        read = {(n.op, n.target) for n in model.graph.nodes if n.op in ("get_attr", "call_module")}
+        return sum(tensor_bytes(value) if op == "get_attr" else model_bytes(value)
+                   for op, value in ((op, functools.reduce(getattr, t.split("."), model)) for op, t in read))
+    return sum(tensor_bytes(v) for v in model.state_dict().values())
 
 
 def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:

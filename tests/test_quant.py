@@ -292,3 +292,101 @@ def test_fp8_format_follows_the_device_and_values_are_clamped(monkeypatch):
     assert q.dtype == torch.float8_e4m3fn and q.float().abs().max().item() == 448.0
     q, _ = quant.to_fp8(x * 1e6, rowwise=False, dtype=torch.float8_e4m3fn)
     assert not q.float().isnan().any()
+
+
+# --- asymmetric quantization -----------------------------------------------------------------
+
+def _torch_ao_observer(name: str, **options):
+    import warnings
+    from torch.ao.quantization import observer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(observer, name)(dtype=torch.quint8, **options)
+
+
+@pytest.mark.parametrize("shift", [0.0, 1.5, -2.0])
+def test_asymmetric_per_tensor_matches_torch_observer_and_quantize(shift):
+    x = torch.relu(torch.randn(64, 100)) + shift          # skewed: all >= shift
+    scale, zero_point = quant.asymmetric_qparams(x)
+    obs = _torch_ao_observer("MinMaxObserver", qscheme=torch.per_tensor_affine)
+    obs(x)
+    ref_scale, ref_zero = obs.calculate_qparams()
+    assert torch.allclose(scale, ref_scale[0]) and zero_point.item() == ref_zero.item()
+    q = quant.quantize_asymmetric(x, scale, zero_point)
+    ref = torch.quantize_per_tensor(x, scale.item(), zero_point.item(), torch.quint8)
+    assert q.dtype == torch.uint8 and torch.equal(q, ref.int_repr())
+    assert torch.allclose(quant.dequantize_asymmetric(q, scale, zero_point), ref.dequantize())
+
+
+def test_asymmetric_per_channel_matches_torch_and_keeps_zero_exact():
+    x = torch.randn(16, 300) * 3 + torch.linspace(-5, 5, 16)[:, None]
+    scale, zero_point = quant.asymmetric_qparams(x, axis=0)
+    obs = _torch_ao_observer("PerChannelMinMaxObserver", ch_axis=0, qscheme=torch.per_channel_affine)
+    obs(x)
+    ref_scale, ref_zero = obs.calculate_qparams()
+    assert torch.allclose(scale, ref_scale) and torch.equal(zero_point.long(), ref_zero)
+    q = quant.quantize_asymmetric(x, quant.broadcast_scale(scale, x, 0), quant.broadcast_scale(zero_point, x, 0))
+    ref = torch.quantize_per_channel(x, scale.double(), zero_point.long(), 0, torch.quint8)
+    assert torch.equal(q, ref.int_repr())
+    zeros = quant.quantize_asymmetric(torch.zeros(16, 1), quant.broadcast_scale(scale, x, 0),
+                                      quant.broadcast_scale(zero_point, x, 0))
+    back = quant.dequantize_asymmetric(zeros, quant.broadcast_scale(scale, x, 0), quant.broadcast_scale(zero_point, x, 0))
+    assert torch.equal(back, torch.zeros(16, 1)), "0 must round-trip exactly"
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_asymmetric_beats_symmetric_on_a_one_sided_tensor(bits):
+    x = torch.relu(torch.randn(64, 256))
+    symmetric = quant.fake_quantize(x, quant.minmax_scale(x, bits), bits)
+    scale, zero_point = quant.asymmetric_qparams(x, bits)
+    asymmetric = quant.dequantize_asymmetric(quant.quantize_asymmetric(x, scale, zero_point, bits), scale, zero_point)
+    assert quant.sqnr_db(x, asymmetric) > quant.sqnr_db(x, symmetric) + 4      # about one bit: 6 dB
+
+
+def test_asymmetric_bad_inputs():
+    with pytest.raises(ValueError, match="bits"):
+        quant.asymmetric_qparams(torch.randn(4), bits=9)
+    with pytest.raises(TypeError, match="uint8 codes"):
+        quant.dequantize_asymmetric(torch.ones(2, dtype=torch.int8), torch.ones(()), torch.zeros(()))
+
+
+# --- measured sizes --------------------------------------------------------------------------
+
+def test_model_bytes_counts_what_each_format_stores():
+    lin = nn.Linear(64, 32)
+    assert quant.model_bytes(nn.Sequential(lin)) == (64 * 32 + 32) * 4
+    int8 = quant.Int8WeightOnlyLinear.from_linear(lin)
+    assert quant.model_bytes(int8) == 64 * 32 + 32 * 4 + 32 * 2 + 32 * 4     # codes, fp32 and bf16 scales, bias
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dyn = torch.ao.quantization.quantize_dynamic(nn.Sequential(nn.Linear(64, 32)), {nn.Linear}, dtype=torch.qint8)
+    assert quant.model_bytes(dyn) == 64 * 32 + 32 * 4 + 4 + 8    # int8 codes, fp32 bias, the module's scale, zero point
+    q = torch.quantize_per_channel(torch.randn(8, 4), torch.ones(8, dtype=torch.double), torch.zeros(8, dtype=torch.long),
+                                   0, torch.qint8)
+    assert quant.tensor_bytes(q) == 32 + 8 * 8 + 8 * 8
+
+
+def test_model_bytes_of_a_graph_module_counts_only_what_the_graph_reads():
+    gm = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(8, 4)))
+    gm.unused = nn.Parameter(torch.zeros(1000))                 # attached, never read
+    assert quant.model_bytes(gm) == (8 * 4 + 4) * 4
+
+
+def test_torchao_int4_weight_only_packs_two_codes_per_byte():
+    pytest.importorskip("torchao")
+    from torchao.quantization import quantize_
+    try:
+        config = quant.torchao_int4_cpu_config(group_size=32)
+    except ImportError:
+        pytest.skip("this torchao has no CPU int4 weight-only config")
+    lin = nn.Linear(128, 64, bias=False).bfloat16()
+    reference = lin.weight.detach().float().clone()
+    model = nn.Sequential(lin)
+    quantize_(model, config)
+    # packed codes [64, 128 / 2] uint8 plus a bf16 scale and zero per group of 32: 0.5 + 4 / 32 bytes per weight
+    assert quant.model_bytes(model) == 64 * 128 * 0.5 + 64 * (128 // 32) * 2 * 2
+    x = torch.randn(4, 128, dtype=torch.bfloat16)
+    exact = x.float() @ reference.t()
+    err = (model(x).float() - exact).norm() / exact.norm()
+    assert err < 0.15, f"int4 output off by {err:.3f}"
