@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 ENVS = sorted((Path(__file__).parent.parent / "environments").glob("*.txt"))
+# validate.txt serves the validation pipeline's venvs, one per torch version: the driver pins torch itself.
+TARGETS = [p for p in ENVS if p.stem != "validate"]
 PER_TARGET = {"torch", "torchao", "triton"}   # these follow the torch build, so they may differ
 
 
@@ -22,10 +24,16 @@ def parse(path: Path) -> dict[str, str]:
 
 
 def test_the_targets_exist():
-    assert {p.stem for p in ENVS} == {"cpu", "cuda", "rocm", "xpu", "free-threaded", "latest", "minimal"}
+    assert {p.stem for p in ENVS} == {"cpu", "cuda", "rocm", "xpu", "free-threaded", "latest", "minimal", "validate"}
 
 
-@pytest.mark.parametrize("path", ENVS, ids=lambda p: p.stem)
+def test_the_validation_file_leaves_torch_to_the_driver_and_says_how():
+    text = (Path(__file__).parent.parent / "environments" / "validate.txt").read_text()
+    assert "torch" not in parse(Path(__file__).parent.parent / "environments" / "validate.txt")
+    assert "torch first" in text and "pip install torch==" in text and "--no-deps -e ." in text
+
+
+@pytest.mark.parametrize("path", TARGETS, ids=lambda p: p.stem)
 def test_each_file_says_who_it_is_for_and_installs_torch_first(path):
     text = path.read_text()
     assert text.startswith("# "), "header comment first"
@@ -45,7 +53,7 @@ def test_cpu_environment_is_the_one_verified_here():
 
 
 def test_the_matrix_covers_the_course_torch_the_default_and_the_newest():
-    pins = {p.stem: parse(p) for p in ENVS}
+    pins = {p.stem: parse(p) for p in TARGETS}
     assert pins["cuda"]["torch"] == "2.10.0" and pins["minimal"]["torch"] == pins["cpu"]["torch"]
     newest = max(tuple(map(int, p["torch"].split("."))) for p in pins.values())
     assert tuple(map(int, pins["latest"]["torch"].split("."))) == newest

@@ -60,16 +60,72 @@ def test_timeline_needs_all_three_profiler_options():
         memory.timeline(prof)
 
 
-def test_checkpointed_mlp_computes_the_same_and_stores_less():
+def test_checkpointed_mlp_computes_the_same():
     torch.manual_seed(0)
     plain = memory.mlp(WIDTH, 3)
     torch.manual_seed(0)
     ckpt = memory.mlp(WIDTH, 3, checkpointed=True)
     x = torch.randn(BATCH, WIDTH)
     torch.testing.assert_close(ckpt(x), plain(x))
-    result = memory.checkpoint_comparison(batch=64, width=WIDTH, depth=3, steps=1, repeats=1, min_run_time=0.01)
+
+
+def test_checkpointing_variants_give_the_same_gradients():
+    x = torch.randn(BATCH, WIDTH)
+    grads = {}
+    for mode in memory.CHECKPOINTING:
+        torch.manual_seed(0)
+        model = memory.gated_stack(WIDTH, 2, mode)
+        model(x).sum().backward()
+        grads[mode] = [p.grad for p in model.parameters()]
+    for mode in ("full", "selective"):
+        for a, b in zip(grads[mode], grads["none"]):
+            torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="checkpointing must be one of none, full, selective"):
+        memory.gated_stack(WIDTH, 2, "partial")
+
+
+def test_selective_checkpointing_saves_the_matmuls_and_recomputes_the_rest():
+    from torch.utils.checkpoint import CheckpointPolicy
+    assert memory.save_matmuls(None, torch.ops.aten.mm.default) is CheckpointPolicy.MUST_SAVE
+    assert memory.save_matmuls(None, torch.ops.aten.addmm.default) is CheckpointPolicy.MUST_SAVE
+    assert memory.save_matmuls(None, torch.ops.aten.gelu.default) is CheckpointPolicy.PREFER_RECOMPUTE
+    result = memory.checkpoint_comparison(batch=64, width=WIDTH, depth=3, repeats=1, min_run_time=0.01)
     act = result["activation_peak_bytes"]
-    assert act["checkpointed"] < act["stored activations"]
+    assert act["full"] < act["selective"] < act["none"], act
+    # per block, hidden = 4 x width: no checkpointing keeps up, gate, gelu(up) and the product;
+    # selective keeps the two matmul outputs: 2 hidden tensors less per block, except for the block
+    # whose pointwise outputs are being recomputed in backward
+    hidden = 4 * 64 * 4 * WIDTH
+    assert act["none"] - act["selective"] >= (3 - 1) * 2 * hidden, act
+    assert set(result["timing"]["results"]) == set(memory.CHECKPOINTING)
+
+
+def test_run_fresh_returns_what_the_function_returned_and_reports_failures():
+    assert memory.run_fresh("mib", nbytes=3 << 20) == "3.00 MiB"
+    with pytest.raises(ValueError, match="helpers.memory has no function 'nope'"):
+        memory.run_fresh("nope")
+    with pytest.raises(RuntimeError, match="(?s)memory.mib failed in a fresh process .*TypeError"):
+        memory.run_fresh("mib", wrong=1)
+
+
+def test_the_gpu_only_helpers_name_what_this_torch_has():
+    """fragmentation_workload and oom_snapshot run in a fresh process, out of reach of the static
+    check of the GPU sections (tests/test_gpu_sections.py): the same check, applied to them here."""
+    import inspect
+    import textwrap
+    from test_gpu_sections import ROOTS, problems
+    for fn in (memory.fragmentation_workload, memory.oom_snapshot, memory.run_fresh):
+        found, _ = problems(textwrap.dedent(inspect.getsource(fn)), {**ROOTS, "torch": torch})
+        assert not found, (fn.__name__, found)
+    if torch.version.cuda or torch.version.hip:     # a CUDA or ROCm build has the observer hook
+        assert callable(torch._C._cuda_attach_out_of_memory_observer)
+
+
+def test_gpu_only_helpers_fail_clearly_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="memory.fragmentation_workload failed in a fresh process"):
+        memory.run_fresh("fragmentation_workload", sizes_mib=[12], tensors_per_step=1)
 
 
 def test_figure_has_one_trace_per_nonzero_category(profiled):
@@ -85,6 +141,17 @@ def test_snapshot_and_nested_pools_on_gpu():
     assert summary["segments"] >= 1 and summary["events"].get("alloc", 0) >= 1
     held = memory.nested_pools(1 << 20)
     assert held["inner"] >= 2 << 20 and held["outer"] >= 2 << 20
+
+
+@pytest.mark.requires_cuda
+def test_expandable_segments_and_the_oom_observer_on_gpu(tmp_path):
+    native = memory.run_fresh("fragmentation_workload")
+    expandable = memory.run_fresh("fragmentation_workload", env={"PYTORCH_ALLOC_CONF": "expandable_segments:True"})
+    assert not native["expandable"] and native["peak_reserved_bytes"] > native["peak_allocated_bytes"]
+    if expandable["expandable"]:
+        assert expandable["peak_reserved_bytes"] < native["peak_reserved_bytes"]
+    oom = memory.run_fresh("oom_snapshot", path=str(tmp_path / "oom.pickle"))
+    assert oom["observer_calls"] and "out of memory" in oom["error"].lower()
 
 
 def test_largest_allocations_point_at_the_caller_and_the_snapshot_is_written(tmp_path):

@@ -18,6 +18,7 @@ FIGURE = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?(?:\s?-\s?\d+(?:\.\d+)?)?\s?"
 SOURCED = re.compile(r"https?://|\]\(|(?<![\w&])#\d{3,}|\be\.g\.|\bfor example\b"
                      r"|\b[\w/]+\.(?:py|cpp|cu|h|hpp|yaml)\b", re.I)       # ... or the source file it is read from
 NOT_STATED = re.compile(r"`[^`]*`|\"[^\"]*\"|“[^”]*”")       # code and quotations
+FENCED = re.compile(r"^\s*```.*?^\s*```[^\n]*$", re.S | re.M)   # a fenced code block is code too
 BLOCK_START = re.compile(r"^\s*$|^\s*(?:[-*] |\d+\. |#|\|)")      # a new paragraph, list item, heading, row
 
 
@@ -34,7 +35,7 @@ def _blocks(markdown: str) -> list[list[str]]:
 def unsourced_figures(markdown: str) -> list[str]:
     """The lines whose figures have no source in their paragraph or list item."""
     found = []
-    for block in _blocks(markdown):
+    for block in _blocks(FENCED.sub("", markdown)):
         text = " ".join(block)
         if SOURCED.search(text):
             continue
@@ -52,6 +53,8 @@ def test_the_rule_catches_a_typed_figure_and_accepts_a_cited_one():
     assert not unsourced_figures('the article\'s "5-15% overhead" is not measured anywhere')
     assert not unsourced_figures("PyTorch's page reports 43% faster\ntraining (https://pytorch.org/blog)")
     assert unsourced_figures("- a cited item (#1234)\n- an item that is 3x faster")
+    assert not unsourced_figures("```python\nlocal_pid = pid // 3   # grid: 3 x the blocks\n```")
+    assert unsourced_figures("```python\nx = 1\n```\nand then it was 3x faster")
 
 
 LESSONS = [e for e in manifest.entries() if e["kind"] == "lesson"]
