@@ -1,4 +1,5 @@
-"""Attention kernels: which SDPA backend runs, ragged batches three ways, compiled transformer blocks.
+"""Attention kernels: which SDPA backend runs, ragged batches (padding, jagged, varlen, FlexAttention with a
+document mask), training steps, memory and grouped-query attention per backend, compiled transformer blocks.
 
     from helpers import attention
     attention.backend_that_runs(q, k, v)                 # "FLASH_ATTENTION" on CPU for 4-D fp32 input
@@ -11,8 +12,12 @@ of per-sequence tensors of shape (seq_len, heads, head_dim), the layout varlen_a
 from __future__ import annotations
 
 import inspect
+import json
 import math
+import os
+import tempfile
 import time
+import warnings
 from typing import Callable
 
 import torch
@@ -265,6 +270,194 @@ def wasted_fraction(lengths: list[int]) -> float:
     """Share of a padded batch's attention scores (L_max^2 per sequence) spent on padding."""
     longest = max(lengths)
     return 1 - sum(n * n for n in lengths) / (len(lengths) * longest * longest)
+
+
+# --- FlexAttention with a document mask ------------------------------------------------------
+
+def document_ids(lengths: list[int], device="cpu") -> torch.Tensor:
+    """The sequence (document) each token of the packed batch belongs to: [0]*n0 + [1]*n1 + ..."""
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device)
+
+
+def document_block_mask(lengths: list[int], *, block_size: int = 128, device="cpu"):
+    """A FlexAttention BlockMask that lets a token attend only to tokens of its own sequence, for the
+    packed batch of `lengths` seen as one row of sum(lengths) tokens."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    doc = document_ids(lengths, device)
+
+    def same_document(batch, head, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+
+    total = sum(lengths)
+    return create_block_mask(same_document, None, None, total, total, device=device, BLOCK_SIZE=block_size)
+
+
+def blocks_computed(block_mask) -> tuple[int, int]:
+    """(blocks the kernel visits, blocks of the full score matrix): partial plus full blocks, per query
+    block, summed over batch and heads of the mask."""
+    visited = block_mask.kv_num_blocks.sum().item()
+    if block_mask.full_kv_num_blocks is not None:
+        visited += block_mask.full_kv_num_blocks.sum().item()
+    rows, cols = block_mask.kv_indices.shape[-2:]
+    return visited, rows * cols * block_mask.kv_num_blocks[..., 0].numel()
+
+
+def packed_heads_first(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed batch as one (1, heads, total_tokens, head_dim) row, three separate contiguous
+    tensors for q, k and v (the CPU FlexAttention template of torch 2.10 refuses one buffer for all three)."""
+    values = pack(seqs)[0].transpose(0, 1)[None].contiguous()
+    return values, values.clone(), values.clone()
+
+
+def split_heads_first(out: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+    """Undo packed_heads_first on an output: one (length, heads, head_dim) tensor per sequence."""
+    return list(out[0].transpose(0, 1).split(lengths))
+
+
+def compile_flex_attention(q, k, v, block_mask) -> tuple[Callable | None, float, str]:
+    """torch.compile(flex_attention), tried on these inputs: (compiled function, seconds the first call
+    took, "") where Inductor builds the fused kernel, else (None, seconds, the error's first line). On CPU
+    the fused kernel needs AVX2 and not macOS, and serves inference only (torch/_inductor/kernel/flex/flex_cpu.py)."""
+    from torch.nn.attention.flex_attention import flex_attention
+    compiled = torch.compile(flex_attention)
+    start = time.perf_counter()
+    try:
+        compiled(q, k, v, block_mask=block_mask)
+    except Exception as exc:       # InductorError / BackendCompilerFailed wrap the real reason
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        return None, time.perf_counter() - start, f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+    return compiled, time.perf_counter() - start, ""
+
+
+def try_backward(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> str:
+    """Run fn on copies of inputs that require grad, then backward: "ok", or the error's type and first line."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    try:
+        fn(*leaves).sum().backward()
+    except Exception as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
+    return "ok"
+
+
+# --- Training: forward + backward per backend ------------------------------------------------
+
+def attention_grads(q, k, v, backend: str | None = None, *, causal: bool = True, grad_out=None):
+    """(dq, dk, dv) of sum(out * grad_out) for one SDPA call; backend forces one, None lets SDPA choose.
+    A float64 q, k, v with backend=None through sdpa_reference gives the reference gradients."""
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    if backend is None:
+        out = sdpa_reference(q, k, v, is_causal=causal)
+    else:
+        with sdpa_kernel([_backend(backend)]):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    grad_out = torch.ones_like(out) if grad_out is None else grad_out.to(out.dtype)
+    return torch.autograd.grad(out, (q, k, v), grad_out)
+
+
+def gradient_error_per_backend(q, k, v, backends=("MATH", "FLASH_ATTENTION"), *, causal: bool = True,
+                               seed: int = 0) -> dict[str, float]:
+    """Largest absolute difference of dq, dk, dv from float64 autograd, per backend forced alone."""
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.device)
+    reference = attention_grads(q.double(), k.double(), v.double(), causal=causal, grad_out=grad_out)
+    return {name: max((g.double() - r).abs().max().item()
+                      for g, r in zip(attention_grads(q, k, v, name, causal=causal, grad_out=grad_out), reference))
+            for name in backends}
+
+
+def attention_tflop(batch: int, heads: int, seq: int, head_dim: int, *, causal: bool = True,
+                    backward: bool = False) -> float:
+    """Work of one attention call in TFLOP: two seq x seq x head_dim matmuls forward (half of them under a
+    causal mask); forward + backward counts 3.5x the forward, as the FlashAttention benchmarks do
+    (Dao-AILab/flash-attention benchmarks/benchmark_flash_attention.py)."""
+    forward = 4 * batch * heads * seq * seq * head_dim / (2 if causal else 1)
+    return forward * (3.5 if backward else 1) / 1e12
+
+
+def time_training_step(seq_lens: list[int], batch: int = 1, heads: int = 4, head_dim: int = 64,
+                       backends=("MATH", "FLASH_ATTENTION"), repeats: int = 3, min_run_time: float = 0.05) -> dict:
+    """Median time of forward + backward (causal self-attention, fp32, CPU) per backend and length,
+    measured interleaved; GFLOP/s counts the useful work of attention_tflop(backward=True)."""
+    rows, gflops = {}, {}
+    for n in seq_lens:
+        q, k, v = (torch.randn(batch, heads, n, head_dim, requires_grad=True) for _ in range(3))
+        grad_out = torch.randn(batch, heads, n, head_dim)
+
+        def step(b):
+            return lambda: attention_grads(q, k, v, b, grad_out=grad_out)
+        work = attention_tflop(batch, heads, n, head_dim, backward=True) * 1e3
+        r = bench.compare({b: step(b) for b in backends}, baseline=backends[0], repeats=repeats,
+                          min_run_time=min_run_time, device="cpu", work=work, work_unit="GFLOP")
+        rows[n] = {b: r["results"][b]["median_s"] for b in backends}
+        gflops[n] = {b: r["results"][b]["GFLOP_per_s"] for b in backends}
+    return {"seq_lens": list(seq_lens), "backends": list(backends), "median_s": rows, "GFLOP_per_s": gflops,
+            "batch": batch, "heads": heads, "head_dim": head_dim, "device": "cpu",
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+# --- Memory on the CPU ------------------------------------------------------------------------
+
+def cpu_peak_bytes(fn: Callable[[], object]) -> int:
+    """Bytes fn allocates on the CPU at its peak beyond what was held before, read from the profiler's
+    memory events ("Total Allocated" after each allocation and free, in its trace)."""
+    from torch.profiler import ProfilerActivity, profile
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")     # torch 2.10 warns each time
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = [e["args"] for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
+    finally:
+        os.remove(path)
+    if not events:
+        return 0
+    held_before = events[0]["Total Allocated"] - events[0]["Bytes"]
+    return max(e["Total Allocated"] for e in events) - held_before
+
+
+def cpu_peak_memory_per_backend(seq_lens: list[int], batch: int = 1, heads: int = 4, head_dim: int = 64,
+                                backends=("MATH", "FLASH_ATTENTION"), *, causal: bool = True) -> dict:
+    """Peak bytes of one causal forward per backend and sequence length, fp32 on the CPU."""
+    peaks = {}
+    for n in seq_lens:
+        q, k, v = (torch.randn(batch, heads, n, head_dim) for _ in range(3))
+
+        def forward(b):
+            def call():
+                with sdpa_kernel([_backend(b)]):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return call
+        peaks[n] = {b: cpu_peak_bytes(forward(b)) for b in backends}
+    return {"seq_lens": list(seq_lens), "backends": list(backends), "peak_bytes": peaks,
+            "score_matrix_bytes": {n: batch * heads * n * n * 4 for n in seq_lens}}
+
+
+# --- Grouped-query attention ------------------------------------------------------------------
+
+def repeat_kv_heads(k: torch.Tensor, query_heads: int) -> torch.Tensor:
+    """Each key/value head repeated for the query heads that share it: what enable_gqa=True spares."""
+    if query_heads % k.shape[-3]:
+        raise ValueError(f"{query_heads} query heads are not a multiple of {k.shape[-3]} key/value heads")
+    return k.repeat_interleave(query_heads // k.shape[-3], dim=-3)
+
+
+# --- Why a backend declined -------------------------------------------------------------------
+
+def decline_reasons(q, k, v, backends: list[str], **sdpa_kwargs) -> tuple[str, list[str]]:
+    """Force `backends` and run SDPA: ("ran <backend>", []) or (the error's first line, the warnings
+    torch emitted with it). When no allowed CPU backend fits, ATen re-runs the flash checks with debug
+    on, and each failed check warns its reason (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            outcome = f"ran {backend_that_runs(q, k, v, backends, **sdpa_kwargs)}"
+        except RuntimeError as exc:
+            outcome = str(exc).strip().splitlines()[0]
+    return outcome, [str(w.message).split(" (Triggered internally")[0] for w in caught]
 
 
 # --- A transformer block, eager and compiled --------------------------------------------------

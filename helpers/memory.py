@@ -140,19 +140,72 @@ def training_step(model: nn.Module, batch: int, width: int, seed: int = 0) -> Ca
     return step
 
 
-def checkpoint_comparison(batch: int = 512, width: int = 256, depth: int = 4, *, steps: int = 2,
+class GatedMLP(nn.Module):
+    """A transformer's feed-forward block, x + down(gelu(up(x)) * gate(x)): three matmuls and the
+    pointwise ops between them, whose outputs autograd saves (hidden = 4 x width)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.up, self.gate = nn.Linear(width, 4 * width), nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(nn.functional.gelu(self.up(x)) * self.gate(x))
+
+
+MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+CHECKPOINTING = ("none", "full", "selective")
+
+
+def save_matmuls(ctx, op, *args, **kwargs):
+    """A selective-checkpointing policy: keep what matmuls produce, recompute everything else
+    (the pointwise ops, cheap to redo) in backward."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    return CheckpointPolicy.MUST_SAVE if op in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def gated_stack(width: int = 128, depth: int = 4, checkpointing: str = "none") -> nn.Module:
+    """`depth` GatedMLP blocks and a linear head. checkpointing: "none" (autograd saves every
+    activation), "full" (each block saves only its input and recomputes its inside in backward) or
+    "selective" (each block also keeps its matmul outputs, policy `save_matmuls`)."""
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}, not {checkpointing!r}")
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    def selective():
+        return create_selective_checkpoint_contexts(save_matmuls)
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks, self.head = nn.ModuleList(GatedMLP(width) for _ in range(depth)), nn.Linear(width, 1)
+
+        def forward(self, x):
+            for block in self.blocks:
+                if checkpointing == "none":
+                    x = block(x)
+                elif checkpointing == "full":
+                    x = checkpoint(block, x, use_reentrant=False)
+                else:
+                    x = checkpoint(block, x, use_reentrant=False, context_fn=selective)
+            return self.head(x)
+    return Stack()
+
+
+def checkpoint_comparison(batch: int = 512, width: int = 128, depth: int = 4, *, steps: int = 1,
                           repeats: int = 3, min_run_time: float = 0.05) -> dict:
-    """Peak activation memory (profiler timeline) and time per step, with and without checkpointing."""
+    """Peak activation memory (profiler timeline) and time per step of a GatedMLP stack without
+    checkpointing, with full and with selective (save the matmuls) activation checkpointing."""
     out = {"batch": batch, "width": width, "depth": depth, "peak_bytes": {}, "activation_peak_bytes": {}}
     candidates = {}
-    for name, ckpt in (("stored activations", False), ("checkpointed", True)):
+    for mode in CHECKPOINTING:
         torch.manual_seed(0)
-        step = training_step(mlp(width, depth, checkpointed=ckpt), batch, width)
+        step = training_step(gated_stack(width, depth, mode), batch, width)
         tl = timeline(profile_steps(step, steps=steps))
-        out["peak_bytes"][name] = peak_bytes(tl)
-        out["activation_peak_bytes"][name] = peak_bytes(tl, "activation")
-        candidates[name] = step
-    out["timing"] = bench.compare(candidates, baseline="stored activations", repeats=repeats,
+        out["peak_bytes"][mode] = peak_bytes(tl)
+        out["activation_peak_bytes"][mode] = peak_bytes(tl, "activation")
+        candidates[mode] = step
+    out["timing"] = bench.compare(candidates, baseline="none", repeats=repeats,
                                   min_run_time=min_run_time, device="cpu")
     return out
 
@@ -217,6 +270,92 @@ def nested_pools(size: int = 1 << 20) -> dict:
             for name, pool in (("outer", outer), ("inner", inner))}
     del keep
     return held
+
+
+# --- The allocator in a fresh process: settings read once, observers never detached -----------
+
+def run_fresh(function: str, env: dict | None = None, timeout_s: float = 300, **kwargs):
+    """Call helpers.memory.<function>(**kwargs) in a new Python process with `env` added to its
+    environment, and return what it returned (JSON). The CUDA allocator reads PYTORCH_ALLOC_CONF (and
+    PYTORCH_CUDA_ALLOC_CONF) once, at its first use, and an out-of-memory observer cannot be removed:
+    a fresh process keeps both away from the caller."""
+    import json
+    import subprocess
+    import sys
+    if not callable(globals().get(function)):
+        raise ValueError(f"helpers.memory has no function {function!r}")
+    code = ("import json, sys; from helpers import memory; "
+            f"print('RESULT ' + json.dumps(memory.{function}(**json.loads(sys.argv[1]))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout_s,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    results = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not results:
+        raise RuntimeError(f"memory.{function} failed in a fresh process (exit {done.returncode}): "
+                           f"{done.stderr.strip()[-2000:]}")
+    return json.loads(results[-1][len("RESULT "):])
+
+
+def fragmentation_workload(sizes_mib: list[int] | None = None, tensors_per_step: int = 8) -> dict:
+    """The pattern of the allocator docs (notes/cuda.rst, expandable_segments): each step allocates
+    `tensors_per_step` tensors a little larger than the last step's (a growing batch), then frees them.
+    Returns the CUDA allocator's peak allocated and reserved bytes, its segments, and whether they were
+    expandable (read from the snapshot, so it says what the allocator really did)."""
+    sizes_mib = sizes_mib or list(range(12, 28, 2))
+    torch.cuda.reset_peak_memory_stats()
+    for mib_each in sizes_mib:
+        live = [torch.empty(mib_each << 20, dtype=torch.uint8, device="cuda") for _ in range(tensors_per_step)]
+        del live
+    torch.cuda.synchronize()
+    stats = torch.cuda.memory_stats()
+    segments = torch.cuda.memory._snapshot()["segments"]
+    return {"sizes_mib": sizes_mib, "tensors_per_step": tensors_per_step,
+            "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
+            "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
+            "reserved_bytes": torch.cuda.memory_reserved(),
+            "segments": len(segments),
+            "expandable": any(s.get("is_expandable", False) for s in segments),
+            "alloc_conf": {k: os.environ[k] for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+                           if k in os.environ}}
+
+
+def oom_snapshot(path: str, fraction: float = 0.02, chunk_mib: int = 64) -> dict:
+    """Cap this process at `fraction` of the GPU (set_per_process_memory_fraction), record the
+    allocator's history, attach an out-of-memory observer that dumps a snapshot for
+    pytorch.org/memory_viz, then allocate `chunk_mib` pieces until the cap is hit. Returns what the
+    observer saw, the OutOfMemoryError's text, and the largest allocations in the dumped snapshot.
+    Run it with run_fresh: the observer stays attached for the life of the process."""
+    import pickle
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None:
+        raise RuntimeError("this torch build has no CUDA caching allocator "
+                           "(torch._C._cuda_attach_out_of_memory_observer is missing)")
+    seen: list[dict] = []
+
+    def observer(device, alloc, device_allowed, device_free):
+        # c10/cuda/CUDACachingAllocator.cpp calls it with (device, requested bytes, the cap or the
+        # device's total, free bytes), after releasing the allocator's lock, before raising
+        seen.append({"device": device, "requested_bytes": alloc, "allowed_bytes": device_allowed,
+                     "device_free_bytes": device_free})
+        torch.cuda.memory._dump_snapshot(path)
+
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    torch.cuda.memory._record_memory_history(max_entries=10_000)
+    attach(observer)
+    held, message = [], None
+    try:
+        while len(held) < 10_000:
+            held.append(torch.empty(chunk_mib << 20, dtype=torch.uint8, device="cuda"))
+    except torch.OutOfMemoryError as exc:
+        message = str(exc)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    if not seen:
+        return {"observer_calls": [], "error": message, "chunks_before_oom": len(held)}
+    with open(path, "rb") as f:
+        snapshot = pickle.load(f)
+    return {"observer_calls": seen, "error": message, "chunks_before_oom": len(held),
+            "snapshot_path": path, "largest_allocations": largest_allocations(snapshot)}
 
 
 def benchmark(quick: bool = False) -> dict:

@@ -151,3 +151,101 @@ def test_error_per_backend_checks_each_forced_backend_against_float64():
     ({"attn_fwd", "Memcpy DtoD"}, "aotriton"), ({"gemm_kernel"}, "unknown: gemm_kernel")])
 def test_the_rocm_flash_library_is_read_from_kernel_names(names, library):
     assert attention.library_from_kernel_names(names) == library
+
+
+# --- FlexAttention with a document mask, training, memory, GQA, decline reasons ---------------
+
+def test_document_ids_and_block_mask_keep_tokens_inside_their_sequence():
+    assert attention.document_ids([2, 3, 1]).tolist() == [0, 0, 1, 1, 1, 2]
+    mask = attention.document_block_mask([3, 5], block_size=4)
+    dense = mask.to_dense()[0, 0]                     # (q blocks, kv blocks) that the kernel visits
+    assert dense.tolist() == [[1, 1], [1, 1]]          # the 2nd sequence spans both blocks
+    assert attention.blocks_computed(mask) == (4, 4)
+    far_apart = attention.document_block_mask([8, 8, 8], block_size=8)
+    assert attention.blocks_computed(far_apart) == (3, 9)      # only the diagonal blocks
+
+
+def test_eager_flex_with_the_document_mask_matches_the_reference():
+    from torch.nn.attention.flex_attention import flex_attention
+    lengths = [5, 19, 3]
+    seqs = attention.random_ragged(lengths, 2, 8)
+    q, k, v = attention.packed_heads_first(seqs)
+    assert q.shape == (1, 2, 27, 8) and q.data_ptr() != k.data_ptr() != v.data_ptr()
+    out = flex_attention(q, k, v, block_mask=attention.document_block_mask(lengths, block_size=8))
+    assert attention.max_error(attention.split_heads_first(out, lengths), seqs) < 1e-5
+    # without the mask every token sees the whole packed row: far from the per-sequence reference
+    unmasked = flex_attention(q, k, v)
+    assert attention.max_error(attention.split_heads_first(unmasked, lengths), seqs) > 1e-2
+
+
+def test_try_backward_reports_ok_or_the_error():
+    x = torch.randn(3)
+    assert attention.try_backward(lambda a: a * 2, x) == "ok"
+    assert not x.requires_grad
+
+    def refuse(a):
+        raise NotImplementedError("no backward here\nsecond line")
+    assert attention.try_backward(refuse, x) == "NotImplementedError: no backward here"
+
+
+def test_gradients_of_each_backend_match_float64_and_a_wrong_one_would_not():
+    qkv = [torch.randn(1, 2, 24, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    errors = attention.gradient_error_per_backend(*qkv)
+    assert set(errors) == {"MATH", "FLASH_ATTENTION"} and max(errors.values()) < 1e-4
+    causal = attention.attention_grads(*(x.double() for x in qkv), causal=True)
+    full = attention.attention_grads(*(x.double() for x in qkv), causal=False)
+    assert (causal[0] - full[0]).abs().max() > 1e-2      # the check can tell a different computation
+
+
+def test_attention_tflop_counts_causal_half_and_backward():
+    assert attention.attention_tflop(1, 1, 10, 4, causal=False) == 4 * 100 * 4 / 1e12
+    assert attention.attention_tflop(1, 1, 10, 4) == 2 * 100 * 4 / 1e12
+    assert attention.attention_tflop(2, 3, 10, 4, backward=True) == pytest.approx(3.5 * 6 * 2 * 100 * 4 / 1e12)
+
+
+def test_training_step_timing_has_every_backend_and_length():
+    r = attention.time_training_step([16, 32], heads=1, head_dim=8, repeats=1, min_run_time=0.001)
+    assert set(r["median_s"]) == {16, 32} and set(r["median_s"][16]) == {"MATH", "FLASH_ATTENTION"}
+    assert all(v > 0 for row in r["GFLOP_per_s"].values() for v in row.values())
+
+
+def test_cpu_peak_bytes_sees_an_allocation_and_math_holds_the_scores():
+    assert attention.cpu_peak_bytes(lambda: torch.empty(1 << 20, dtype=torch.uint8)) >= 1 << 20
+    memory = attention.cpu_peak_memory_per_backend([256], heads=2, head_dim=16)
+    peak, scores = memory["peak_bytes"][256], memory["score_matrix_bytes"][256]
+    assert scores == 2 * 256 * 256 * 4
+    assert peak["MATH"] >= scores > peak["FLASH_ATTENTION"]
+
+
+def test_enable_gqa_equals_repeated_kv_heads():
+    q, k, v = torch.randn(1, 6, 10, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
+    k_rep = attention.repeat_kv_heads(k, 6)
+    assert k_rep.shape == (1, 6, 10, 8) and torch.equal(k_rep[:, 0], k_rep[:, 2]) and torch.equal(k_rep[:, 3], k[:, 1])
+    out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(out, attention.sdpa_reference(q, k_rep, attention.repeat_kv_heads(v, 6)))
+    with pytest.raises(ValueError, match="not a multiple"):
+        attention.repeat_kv_heads(k, 5)
+
+
+def test_decline_reasons_carry_the_flash_checks_warnings(q):
+    outcome, reasons = attention.decline_reasons(q, q, q, ["FLASH_ATTENTION"], dropout_p=0.5)
+    assert outcome.startswith("No available kernel")
+    assert reasons[0] == "Flash attention kernel not used because:" and "dropout" in reasons[1]
+    assert attention.decline_reasons(q, q, q, ["EFFICIENT_ATTENTION"]) [0].startswith("No viable backend")
+    assert attention.decline_reasons(q, q, q, ["FLASH_ATTENTION"]) == ("ran FLASH_ATTENTION", [])
+
+
+@pytest.mark.slow
+def test_compiled_flex_attention_matches_eager_or_says_why_not():
+    from torch.nn.attention.flex_attention import flex_attention
+    lengths = [40, 90]
+    seqs = attention.random_ragged(lengths, 2, 16)
+    q, k, v = attention.packed_heads_first(seqs)
+    mask = attention.document_block_mask(lengths, block_size=64)
+    compiled, seconds, error = attention.compile_flex_attention(q, k, v, mask)
+    assert seconds > 0
+    if compiled is None:
+        assert error, "a refusal names its reason"
+        pytest.skip(f"no fused FlexAttention kernel on this CPU: {error}")
+    torch.testing.assert_close(compiled(q, k, v, block_mask=mask), flex_attention(q, k, v, block_mask=mask),
+                               atol=1e-5, rtol=1e-4)

@@ -286,3 +286,51 @@ def benchmark(quick: bool = False) -> dict:
         build = {"error": str(exc)}
     rows, hidden = (256, 1024) if quick else (4096, 4096)
     return {"build": build, "fp32": compare_kernels(rows, hidden, repeats=3 if quick else 7)}
+
+
+def compare_with_compiled(rows: int, hidden: int, dtype: torch.dtype = torch.float32, repeats: int = 5,
+                          device: torch.device | str = "cpu", min_run_time: float = 0.1) -> dict:
+    """compare_kernels plus torch.compile of the PyTorch reference (Inductor fuses it into one kernel by
+    itself): the question a hand-written kernel must answer. Compiles first (untimed); on a CPU Inductor
+    needs a C++ compiler. result["compiled_kernels"] lists the kernels Inductor generated."""
+    from helpers.bench import compare
+    from helpers.fusion import inspect_compiled
+    x = torch.randn(rows, hidden, device=device, dtype=dtype)
+    w = torch.rand(hidden, device=device, dtype=dtype)
+    compiled = inspect_compiled(rms_norm_reference, x, w)
+    torch.testing.assert_close(compiled.result, rms_norm_reference(x, w))
+    result = compare({"reference (PyTorch ops)": lambda: rms_norm_reference(x, w),
+                      "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6),
+                      "labs_ext.rms_norm": lambda: torch.ops.labs_ext.rms_norm(x, w, 1e-6),
+                      "torch.compile(reference)": lambda: compiled.fn(x, w)},
+                     baseline="reference (PyTorch ops)", repeats=repeats, device=device, min_run_time=min_run_time,
+                     work=2 * x.numel() * x.element_size() / 1e9, work_unit="GB")
+    result.update(kernel=kernel_for(device), shape=[rows, hidden], dtype=str(dtype),
+                  compiled_kernels=compiled.kernel_functions, compile_s=compiled.compile_s)
+    return result
+
+
+def package_proxy_calls(package_path: str | Path) -> list[str]:
+    """The ops an AOTInductor package (.pt2) does not compile but calls through the dispatcher at run time
+    (its proxy executor), read from the package's wrapper JSON: each must be registered in the process
+    that loads the package."""
+    import zipfile
+    targets: list[str] = []
+    with zipfile.ZipFile(package_path) as package:
+        for name in package.namelist():
+            if name.endswith(".wrapper.json"):
+                targets += [node["node"]["target"] for node in json.loads(package.read(name))["nodes"]]
+    return targets
+
+
+def stable_abi_headers() -> dict[str, list[str]]:
+    """What the installed torch ships of the LibTorch stable ABI: the headers in torch/csrc/stable and the
+    folders of torch/headeronly, and the torch::stable ops declared in stable/ops.h."""
+    from torch.utils.cpp_extension import include_paths
+    root = next(Path(p) / "torch" for p in include_paths() if (Path(p) / "torch" / "csrc" / "stable").is_dir())
+    stable = root / "csrc" / "stable"
+    ops_h = (stable / "ops.h").read_text() if (stable / "ops.h").exists() else ""
+    ops = sorted(set(re.findall(r"^inline\s+[\w:<>&\s]+?\b(\w+)\(", ops_h, re.M)))
+    return {"stable": sorted(p.name for p in stable.iterdir() if p.suffix == ".h"),
+            "headeronly": sorted(p.name for p in (root / "headeronly").iterdir()),
+            "ops": ops}
