@@ -93,7 +93,7 @@ def graded(tmp_path_factory):
     (subs / "malformed").mkdir()
     (subs / "malformed" / "lab.ipynb").write_text("{ not a notebook")
     out = tmp_path_factory.mktemp("graded")
-    result = grade_submissions("00_warmup_lab", subs, out_dir=out, workers=2, time_limit=15, cell_timeout=4,
+    result = grade_submissions("00_warmup_lab", subs, out_dir=out, workers=2, time_limit=60, cell_timeout=10,
                                call_timeout=2, seed=1234)
     return result, out
 
@@ -122,7 +122,7 @@ def test_csv_and_feedback_files(graded):
     stubborn = (out / "feedback" / "stubborn_hang.md").read_text()
     assert "it was left out and the notebook run again" in stubborn
     cheat = (out / "feedback" / "uses_torch_softmax.md").read_text()
-    assert "calls torch's softmax, which this exercise asks you to write yourself" in cheat
+    assert "calls _softmax, softmax, which this exercise asks you to write yourself" in cheat
 
 
 def test_adversarial_attempts_are_refused_and_flagged(graded):

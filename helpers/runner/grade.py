@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
 import secrets
@@ -31,6 +32,7 @@ from helpers.checks import CheckFailed, check_close, check_equal
 from helpers.device import capabilities
 from helpers.files import write_text_atomic
 from helpers.interactive import HEADLESS_ENV
+from helpers.lab_checks import expected_result
 from helpers.runner.grading_specs import Case, Exercise, LabSpec, spec_for
 from helpers.runner.job import REPO, _kill, _memory_mb, _tree
 
@@ -167,7 +169,8 @@ def judge_case(exercise: Exercise, case: Case, expected, got: dict) -> str | Non
     what = f"{exercise.title}: {case.name}"
     used = sorted(set(got["torch_calls"]) & set(exercise.forbidden))
     if used:
-        return (f"❌ {what}: calls torch's {', '.join(used)}, which this exercise asks you to write yourself\n"
+        return (f"❌ {what}: calls {', '.join(used)}, which this exercise asks you to write yourself "
+                f"(under any name: torch.X, torch.nn.functional.X, Tensor.X, torch.ops.aten.X, an import alias)\n"
                 f"   Hint: {case.hint or 'use only the basic tensor operations'}")
     raised = got["raised"]
     try:
@@ -186,15 +189,39 @@ def judge_case(exercise: Exercise, case: Case, expected, got: dict) -> str | Non
                 return f"❌ {what}: ran past the time limit and was stopped\n   Hint: look for a loop that never ends"
             return (f"❌ {what}: raised {raised['type']}: {raised['message'][:300]}\n"
                     f"   Hint: {case.hint or 'run the function on this kind of input in your notebook'}")
-        actual = _returned(got["value"])
         with _quiet():
-            if isinstance(expected, torch.Tensor) and expected.is_floating_point():
-                check_close(actual, expected, what=what, atol=case.atol, rtol=case.rtol, hint=case.hint)
-            else:
-                check_equal(actual, expected, what=what, hint=case.hint)
+            _compare(_returned(got["value"]), expected, what, case)
     except CheckFailed as failed:
         return str(failed)
     return None
+
+
+def _compare(actual, expected, what: str, case: Case) -> None:
+    """Tensors within the case's tolerance (floating) or equal; lists, tuples and dicts element by
+    element (a list and a tuple are the same sequence); floats within tolerance; anything else equal."""
+    if isinstance(expected, torch.Tensor):
+        if expected.is_floating_point():
+            check_close(actual, expected, what=what, atol=case.atol, rtol=case.rtol, hint=case.hint)
+        else:
+            check_equal(actual, expected, what=what, hint=case.hint)
+    elif isinstance(expected, (list, tuple)):
+        if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
+            got = f"{type(actual).__name__} of {len(actual)}" if isinstance(actual, (list, tuple)) else \
+                type(actual).__name__
+            check_equal(got, f"{type(expected).__name__} of {len(expected)}", what=what, hint=case.hint)
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            _compare(a, e, f"{what} [{i}]", case)
+    elif isinstance(expected, dict):
+        if not isinstance(actual, dict) or set(actual) != set(expected):
+            check_equal(sorted(actual) if isinstance(actual, dict) else type(actual).__name__, sorted(expected),
+                        what=f"{what} (keys)", hint=case.hint)
+        for key in expected:
+            _compare(actual[key], expected[key], f"{what} [{key!r}]", case)
+    elif isinstance(expected, float) and isinstance(actual, (int, float)) and not isinstance(actual, bool):
+        if not math.isclose(actual, expected, rel_tol=case.rtol, abs_tol=case.atol):
+            check_equal(actual, expected, what=what, hint=case.hint)
+    else:
+        check_equal(actual, expected, what=what, hint=case.hint)
 
 
 class _quiet:
@@ -261,18 +288,20 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(secrets.randbits(62) if seed is None else seed)
     cases = {ex.function: ex.cases(gen) for ex in spec.exercises}
-    expected = {ex.function: [None if c.raises else ex.reference(*c.args, **c.kwargs) for c in cases[ex.function]]
-                for ex in spec.exercises}
+    expected = {ex.function: [expected_result(ex, c) for c in cases[ex.function]] for ex in spec.exercises}
     protected = PROTECTED + [Path(submissions).resolve(), out.resolve()]
     workers = workers or default_workers()
     threads = max(1, capabilities().cpu_count // workers)
     with tempfile.TemporaryDirectory(prefix="labs-grade-inputs-") as tmp:
         inputs_file = Path(tmp) / "inputs.pt"
-        torch.save({name: [{"args": list(c.args), "kwargs": dict(c.kwargs)} for c in cs]
+        forbidden = {ex.function: list(ex.forbidden) for ex in spec.exercises}
+        torch.save({name: [{"args": list(c.args), "kwargs": dict(c.kwargs), "call": c.call,
+                            "forbidden": forbidden[name]} for c in cs]
                     for name, cs in cases.items()}, inputs_file)
 
         def grade(item):
             student, notebook = item
+            start = time.perf_counter()
             run = run_submission(notebook, spec, inputs_file, protected, time_limit=time_limit,
                                  memory_limit_mb=memory_limit_mb,
                                  cell_timeout=cell_timeout or max(time_limit / 4, 1),
@@ -283,6 +312,7 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
                 row = {"student": student, "scores": {e.title: 0.0 for e in spec.exercises}, "total": 0.0,
                        "max": sum(e.points for e in spec.exercises), "status": "results unreadable",
                        "flags": run["flags"], "lines": [f"❌ the grader could not read the results ({exc})"]}
+            row["seconds"] = round(time.perf_counter() - start, 1)
             write_text_atomic(_feedback(row, spec, run), out / "feedback" / f"{student}.md")
             return row
 
@@ -295,9 +325,9 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     titles = [e.title for e in spec.exercises]
-    writer.writerow(["student", *titles, "total", "max", "status", "flags"])
+    writer.writerow(["student", *titles, "total", "max", "status", "seconds", "flags"])
     for row in rows:
         writer.writerow([row["student"], *[row["scores"][t] for t in titles], row["total"], row["max"],
-                         row["status"], "; ".join(row["flags"])])
+                         row["status"], row["seconds"], "; ".join(row["flags"])])
     write_text_atomic(buffer.getvalue(), out / "scores.csv")
     return {"students": rows, "csv": str(out / "scores.csv"), "feedback_dir": str(out / "feedback")}
