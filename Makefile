@@ -12,7 +12,7 @@ WORKERS ?= 2
 
 MATRIX_ENVS ?= cpu cuda latest minimal
 
-.PHONY: setup browser run test matrix matrix-env free-threaded gpu-check gpu-check-env lab doctor labs clean
+.PHONY: setup browser run test matrix matrix-env free-threaded gpu-check gpu-check-env lab doctor labs nbgrader clean
 
 setup: $(VENV)/.installed-$(ENV)
 
@@ -102,6 +102,14 @@ doctor: setup
 
 labs: setup
 	$(BIN)/python -m helpers labs build
+
+# nbgrader in a venv of its own (it enables JupyterLab extensions a learner's venv should not get), then
+# the test that runs real nbgrader on the exported lab 00: generate_assignment, autograde, scores.
+# nbgrader calls `alembic` from PATH: activate .venv-nbgrader (or put its bin/ on PATH) before using it.
+nbgrader:
+	$(MAKE) --no-print-directory setup VENV=.venv-nbgrader
+	.venv-nbgrader/bin/python -m pip install -q -e ".[nbgrader]"
+	PATH=$(CURDIR)/.venv-nbgrader/bin:$$PATH LABS_QUICK=1 LABS_HEADLESS=1 .venv-nbgrader/bin/python -m pytest -q -p no:xdist tests/test_nbgrader.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -142,6 +142,14 @@ def _write_verified(args) -> int:
 
 def cmd_labs(args) -> int:
     from helpers import notebooks
+    if args.action == "export-nbgrader":
+        from helpers.runner.nbgrader_export import export_course
+        if not args.paths:
+            raise SystemExit("usage: python -m helpers labs export-nbgrader DIR [LAB_ID ...]")
+        dest = export_course(Path(args.paths[0]), args.paths[1:] or None)
+        print(f"wrote the nbgrader course {dest}; then, with nbgrader on PATH: "
+              f"cd {dest} && nbgrader generate_assignment 00_warmup_lab")
+        return 0
     for path in notebooks.build_labs([Path(p) for p in args.paths] or None):
         print(f"wrote {path}")
     return 0
@@ -236,9 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     nbs.add_argument("action", choices=["fix", "verified"])
     nbs.add_argument("paths", nargs="*", help="fix: the notebooks; verified: default every manifest entry")
     nbs.add_argument("--matrix", help="verified: the matrix.json written by python -m helpers report")
-    labs = sub.add_parser("labs", help="write the student copies of the lab solutions")
-    labs.add_argument("action", choices=["build"])
-    labs.add_argument("paths", nargs="*")
+    labs = sub.add_parser("labs", help="build: write the student copies of the lab solutions; export-nbgrader DIR "
+                                       "[LAB_ID ...]: write them as an nbgrader course source")
+    labs.add_argument("action", choices=["build", "export-nbgrader"])
+    labs.add_argument("paths", nargs="*", help="build: solution notebooks (default all); export-nbgrader: DIR, "
+                                               "then lab ids (default all)")
     val = sub.add_parser("validate", help="migration / performance validation: run the pipeline, compare two runs, "
                                           "or both under two torch versions")
     val.add_argument("action", choices=["run", "compare", "matrix"])
