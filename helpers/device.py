@@ -203,7 +203,7 @@ def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shu
         xpu_compiled=bool(getattr(getattr(torch_mod, "xpu", None), "_is_compiled", lambda: False)()),
         cpu_count=os.cpu_count() or 1, cpu_name=_cpu_name(),
         toolchains={tool: next((p for p in map(which, names) if p), None) for tool, names in TOOLCHAINS.items()},
-        packages={pkg: _package_version(pkg) for pkg in ("triton", "torchao", "torchdata", "numpy")},
+        packages={pkg: _package_version(pkg) for pkg in ("triton", "torchao", "torchdata", "numpy", "scikit-learn")},
         python_version=platform.python_version(),
         free_threaded=bool(config_var("Py_GIL_DISABLED")),
         gil_enabled=gil_check() if gil_check is not None else True,
@@ -283,6 +283,7 @@ NEEDS: dict[str, tuple[Callable[[Capabilities], bool], str]] = {
                            "Triton installed (pip install triton); its interpreter runs kernels on the CPU"),
     "torchao": (_package("torchao"), "torchao (pip install torchao; match it to your torch version)"),
     "torchdata": (_package("torchdata"), "torchdata (pip install torchdata)"),
+    "sklearn": (_package("scikit-learn"), "scikit-learn (pip install scikit-learn; every environments/ file but minimal.txt has it)"),
     "fp8_rowwise_cpu": (lambda c: c.features.get("fp8_rowwise_cpu", False),
                         "a torch whose CPU torch._scaled_mm takes row-wise scales (newer than 2.10; "
                         "environments/cpu.txt pins one)"),
@@ -301,7 +302,7 @@ def _found(name: str, c: Capabilities) -> str:
     """What the machine has instead, for the skip message."""
     if name in TOOLCHAINS:
         return f"no {name} on PATH"
-    package = name.split("_")[0]
+    package = {"sklearn": "scikit-learn"}.get(name, name.split("_")[0])
     if package in c.packages and c.packages[package] is None:
         return f"{package} not installed"
     if name in c.features:
