@@ -24,23 +24,26 @@ def fail(what: str, problem: str, hint: str = "") -> None:
     raise CheckFailed(f"❌ {what}: {problem}" + (f"\n   Hint: {hint}" if hint else ""))
 
 
-def check_tensor(actual, expected: torch.Tensor, *, what: str) -> None:
-    """Type, shape and dtype of `actual` match `expected`."""
+def check_tensor(actual, expected: torch.Tensor, *, what: str, hint: str = "") -> None:
+    """Type, shape and dtype of `actual` match `expected`; a failure gives the check's own hint first,
+    then the generic one."""
+    def with_hint(generic: str) -> str:
+        return f"{hint} ({generic})" if hint else generic
     if not isinstance(actual, torch.Tensor):
         fail(what, f"expected a torch.Tensor, got {type(actual).__name__}",
-             "return the tensor itself (did the function return None or a Python list?)")
+             with_hint("return the tensor itself: did the function return None or a Python list?"))
     if actual.shape != expected.shape:
         fail(what, f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}",
-             "check which dimension you reduced, transposed or forgot to reshape")
+             with_hint("check which dimension you reduced, transposed or forgot to reshape"))
     if actual.dtype != expected.dtype:
         fail(what, f"dtype {actual.dtype}, expected {expected.dtype}",
-             "cast explicitly (x.to(dtype)); mixed dtypes are promoted silently in many ops")
+             with_hint("cast explicitly (x.to(dtype)); mixed dtypes are promoted silently in many ops"))
 
 
 def check_close(actual, expected: torch.Tensor, *, what: str, atol: float = 1e-5, rtol: float = 1e-4,
                 hint: str = "") -> None:
     """Shape, dtype and values match within tolerance; on failure, says where and by how much."""
-    check_tensor(actual, expected, what=what)
+    check_tensor(actual, expected, what=what, hint=hint)
     if actual.device != expected.device:
         actual = actual.to(expected.device)
     a, e = actual.detach().double(), expected.detach().double()
@@ -62,7 +65,7 @@ def check_close(actual, expected: torch.Tensor, *, what: str, atol: float = 1e-5
 def check_equal(actual, expected, *, what: str, hint: str = "") -> None:
     """Exact equality for tensors (shape, dtype, every value) or plain Python values."""
     if isinstance(expected, torch.Tensor):
-        check_tensor(actual, expected, what=what)
+        check_tensor(actual, expected, what=what, hint=hint)
         if not torch.equal(actual.cpu(), expected.cpu()):
             diff = (actual.cpu() != expected.cpu()).nonzero()
             idx = tuple(int(i) for i in diff[0])

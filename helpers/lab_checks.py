@@ -207,15 +207,21 @@ def threaded_runs(fn, images, seed, workers, runs):
 
 
 def globals_written(fn, images, seed) -> list[str]:
-    """The module-level tensors of fn's notebook (or module) that a serial run of fn changed."""
+    """The module-level tensors of fn's notebook (or module) that a serial run of fn changed, compared
+    after every call: an earlier case's run may have left a buffer as this run's last call leaves it."""
     from helpers.data import item_generator
+
+    def same(a, b):
+        return torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan()) and
+                                     torch.equal(a.nan_to_num(), b.nan_to_num()))
     tensors = {k: v for k, v in fn.__globals__.items() if isinstance(v, torch.Tensor)}
     before = {k: v.clone() for k, v in tensors.items()}
+    written = set()
     for i, image in enumerate(images):
         fn(image, item_generator(seed, i))
-    return sorted(k for k, v in tensors.items() if not torch.equal(v, before[k]) and
-                  not (v.is_floating_point() and torch.equal(v.isnan(), before[k].isnan()) and
-                       torch.equal(v.nan_to_num(), before[k].nan_to_num())))
+        written |= {k for k, v in tensors.items() if k not in written and
+                    (v.shape != before[k].shape or not same(v, before[k]))}
+    return sorted(written)
 
 
 def bounded_and_threaded(fn, images, workers, seed) -> bool:
@@ -251,13 +257,109 @@ def no_args(fn):
     return fn()
 
 
+def kernel_counts() -> dict[str, int]:
+    """Exercise 3's reference: the cpp_fused_* functions the compiled wrapper of each function calls. Here,
+    not in the grading specs: torch.compile reads the source of the frames on its stack, and the sandbox
+    refuses that file."""
+    from helpers import fusion
+    return {name: len(fusion.inspect_compiled(fn, *args).kernel_functions)
+            for name, (fn, args) in kernel_count_cases().items()}
+
+
+def kernel_count_cases() -> dict:
+    """Exercise 3's four functions and their inputs, name -> (function, args), as the notebook shows them."""
+    x, w = torch.randn(64, 128), torch.randn(128, 32)
+    return {"chain": (_chain, (x,)), "independent": (_independent, (x, torch.randn(1000))),
+            "center": (_center, (x,)), "matmul_between": (_matmul_between, (x, w))}
+
+
+def _chain(x):
+    return ((x * 2 + 1).sin() * 3).relu()
+
+
+def _independent(a, b):
+    return a.sin(), b.cos()
+
+
+def _center(x):
+    return x - x.mean(dim=-1, keepdim=True)
+
+
+def _matmul_between(x, w):
+    return torch.relu((x * 2) @ w) + 1
+
+
+def _interpret_triton_language() -> list:
+    """Make triton.language's own jit helpers (tl.cdiv, tl.sigmoid, ...) interpreted functions; returns
+    what to put back. They are built when triton is first imported: a process that imported it before
+    TRITON_INTERPRET=1 was set (torch._dynamo imports it, and the grader's sandbox imports that before the
+    notebook's first cell) has them built for a GPU, and an interpreted kernel calling one fails with
+    "Cannot call @triton.jit'd outside of the scope of a kernel"."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return []
+    swapped = []
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name == "triton.language" or name.startswith("triton.language.")):
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, JITFunction):
+                    swapped.append((module, attr, value))
+                    setattr(module, attr, InterpretedFunction(value.fn))
+    return swapped
+
+
+def triton_launch(fn, xs):
+    """fn(xs), lab 02's launch_three_part, where its Triton kernel runs: CPU tensors under Triton's
+    interpreter (TRITON_INTERPRET=1, which the lab sets on a CPU), else GPU tensors; returns CPU tensors.
+    The notebook's combo_grid is the reference one meanwhile: exercise 2 (the kernel body) is graded on
+    its own, whatever exercise 1 gives."""
+    from helpers.fusion import combo_grid
+    triton = sys.modules.get("triton")
+    knobs = getattr(triton, "knobs", None)
+    interpret = bool(knobs.runtime.interpret) if knobs is not None else \
+        os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    device = "cuda" if not interpret and torch.cuda.is_available() else "cpu"
+    namespace = getattr(fn, "__globals__", {})
+    missing = object()
+    own_grid = namespace.get("combo_grid", missing)
+    if own_grid is not missing:
+        namespace["combo_grid"] = combo_grid
+    swapped = _interpret_triton_language() if interpret and "triton.language" in sys.modules else []
+    try:
+        out = fn([x.to(device) for x in xs])
+    finally:
+        for module, attr, value in swapped:
+            setattr(module, attr, value)
+        if own_grid is not missing:
+            namespace["combo_grid"] = own_grid
+    return [o.cpu() if isinstance(o, torch.Tensor) else o for o in out] if isinstance(out, (list, tuple)) else out
+
+
 # lab 04: the C++ custom op
 
+def _is_silu_mul_reference(fn, function: str) -> bool:
+    specs = sys.modules.get("helpers.runner.grading_specs")   # never imported in a submission's sandbox
+    return specs is not None and any(e.function == function and e.reference is fn
+                                     for e in specs.spec_for("04_custom_op_lab").exercises)
+
+
 def silu_mul_kernel(fn, gate, up):
-    """Build the body fn() returns into the op's CPU kernel, then run the op."""
+    """Build the body fn() returns into the op's CPU kernel, then run the op. The spec's reference body
+    is not built: its values are the PyTorch reference's. (Loading a library a second time registers
+    nothing, so building the reference between two cases would leave the learner's kernel in place and
+    compare it with itself; and the grader needs no compiler for the expected values.)"""
     from helpers.ext import lab
+    if _is_silu_mul_reference(fn, "silu_mul_body"):
+        return lab.silu_mul_reference(gate, up)
     lab.build_kernel(fn())
-    return torch.ops.labs_ext.silu_mul(gate, up)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))    # so at::parallel_for splits a large input into chunks
+    try:
+        return torch.ops.labs_ext.silu_mul(gate, up)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def on_meta(fn, gate, up):
@@ -273,28 +375,41 @@ def backward_of(fn, gate, up, grad):
     return tuple(fn(ctx, grad))
 
 
-def _ensure_silu_mul_kernel():
-    """Exercise 4 is graded on its own: where exercise 1 built no kernel, the reference stands in."""
-    from helpers.ext import lab
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("labs_ext::silu_mul", "CPU"):
-        lab.register_reference_kernel()
+class _silu_mul_reference_kernel:
+    """Exercise 4 is graded on its own: while its cases run, the PyTorch reference is the op's CPU kernel,
+    whatever exercise 1 registered (a wrong kernel, or none); the previous kernel is back afterwards."""
+    def __enter__(self):
+        from helpers.ext import lab
+        self.lib = torch.library.Library("labs_ext", "IMPL")
+        with warnings.catch_warnings():    # "Overriding a previously registered kernel": on purpose
+            warnings.simplefilter("ignore")
+            self.lib.impl("silu_mul", lab.silu_mul_reference, "CPU", allow_override=True)
+
+    def __exit__(self, *exc):
+        self.lib._destroy()
+
+
+def swiglu_values(fn, x, w_gate, w_up, w_down):
+    with _silu_mul_reference_kernel():
+        return fn(x, w_gate, w_up, w_down)
 
 
 def compiled_with_grads(fn, x, w_gate, w_up, w_down):
     """fn compiled with fullgraph=True (aot_eager: tracing, fake kernel, autograd); its output and the
-    gradients of x and the three weights."""
-    _ensure_silu_mul_kernel()
-    torch._dynamo.reset()
-    inputs = [t.clone().requires_grad_() for t in (x, w_gate, w_up, w_down)]
-    out = torch.compile(fn, backend="aot_eager", fullgraph=True)(*inputs)
-    out.sum().backward()
-    return [out.detach()] + [t.grad for t in inputs]
+    gradients of x and the three weights. The spec's reference runs eagerly: compiling it would make
+    Dynamo read grading_specs.py, which a check cell in the grader's sandbox may not open."""
+    with _silu_mul_reference_kernel():
+        torch._dynamo.reset()
+        inputs = [t.clone().requires_grad_() for t in (x, w_gate, w_up, w_down)]
+        run = fn if _is_silu_mul_reference(fn, "swiglu_mlp") else torch.compile(fn, backend="aot_eager", fullgraph=True)
+        out = run(*inputs)
+        out.sum().backward()
+        return [out.detach()] + [t.grad for t in inputs]
 
 
 def uses_silu_mul(fn, x, w_gate, w_up, w_down) -> bool:
-    _ensure_silu_mul_kernel()
     names: set[str] = set()
-    with _AtenNames(names):
+    with _silu_mul_reference_kernel(), _AtenNames(names):
         fn(x, w_gate, w_up, w_down)
     return "silu_mul" in names
 
@@ -343,14 +458,16 @@ def activation_dtype_of_int8_kernel(fn, *args) -> str:
     return seen[0] if seen else "not called"
 
 
-def _quantized(fn, width, seed):
+def _quantized(fn, width, seed, nested=False):
     model = quant_lab_model(width, seed)
+    if nested:      # the Linears one level down: only a recursive walk reaches them
+        model = nn.Sequential(model).eval()
     state = {k: v.clone() for k, v in model.state_dict().items()}
     return model, state, fn(model)
 
 
-def linears_left(fn, width, seed) -> int:
-    return sum(isinstance(m, nn.Linear) for m in _quantized(fn, width, seed)[2].modules())
+def linears_left(fn, width, seed, nested=False) -> int:
+    return sum(isinstance(m, nn.Linear) for m in _quantized(fn, width, seed, nested)[2].modules())
 
 
 def original_untouched(fn, width, seed) -> bool:
@@ -360,12 +477,13 @@ def original_untouched(fn, width, seed) -> bool:
 
 
 def agreement_with_fp32(fn, width, seed, n_inputs) -> bool:
-    """The quantized model's argmax agrees with fp32's on at least 99% of random inputs."""
+    """The quantized model's argmax agrees with fp32's on at least 97% of random inputs: per-channel int8
+    keeps 98% or more on every seed tried, per-tensor scales 92% at most."""
     model, _, quantized = _quantized(fn, width, seed)
     inputs = torch.randn(n_inputs, width, generator=torch.Generator().manual_seed(seed + 1))
     with torch.no_grad():
         agree = (quantized(inputs).argmax(-1) == model(inputs).argmax(-1)).float().mean().item()
-    return agree >= 0.99
+    return agree >= 0.97
 
 
 def at_least_3x_smaller(fn, width, seed) -> bool:
@@ -387,9 +505,9 @@ def backend_of(fn, q, k, v, **kwargs) -> str:
     return backend_from_ops(fn(q, k, v, **kwargs))
 
 
-def buckets_are_sorted_runs(fn, seqs, n_buckets) -> bool:
-    """The lengths of each attention.padded_attention call fn makes: n_buckets calls (fewer only when
-    there are fewer sequences), each a run of consecutive lengths in sorted order."""
+def padded_attention_calls(fn, *args, **kwargs) -> list[list[int]]:
+    """fn(*args, **kwargs) with the sequence lengths of each attention.padded_attention call it makes
+    recorded: a list per call, in call order (how a bucketing function's buckets are seen)."""
     from helpers import attention
     code = attention.padded_attention.__code__
     buckets: list[list[int]] = []
@@ -400,10 +518,16 @@ def buckets_are_sorted_runs(fn, seqs, n_buckets) -> bool:
     previous = sys.getprofile()
     sys.setprofile(profile)
     try:
-        fn(seqs, n_buckets)
+        fn(*args, **kwargs)
     finally:
         sys.setprofile(previous)
-    buckets = sorted((b for b in buckets if b), key=min)
+    return buckets
+
+
+def buckets_are_sorted_runs(fn, seqs, n_buckets) -> bool:
+    """The lengths of each attention.padded_attention call fn makes: n_buckets calls (fewer only when
+    there are fewer sequences), each a run of consecutive lengths in sorted order."""
+    buckets = sorted((b for b in padded_attention_calls(fn, seqs, n_buckets) if b), key=min)
     ordered = all(max(a) <= min(b) for a, b in zip(buckets, buckets[1:]))
     return ordered and len(buckets) == min(n_buckets, len(seqs)) and sum(map(len, buckets)) == len(seqs)
 
@@ -475,3 +599,11 @@ def exported_outputs(fn, seed, example_batch, batches):
         reloaded = fn(net, example, os.path.join(tmp, "net.pt2"))
         with torch.no_grad():
             return [reloaded(torch.randn(n, 16, generator=gen)) for n in batches]
+
+
+# lab 09: migration
+
+def interval_of(fn, *args, **kwargs):
+    """The (low, high) of what fn returns as (gain, low, high)."""
+    _, low, high = fn(*args, **kwargs)
+    return float(low), float(high)

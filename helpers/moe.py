@@ -440,15 +440,6 @@ def check_offsets(offs, counts: torch.Tensor, *, what: str) -> None:
     passed(what)
 
 
-def check_beats_padded(fast, padded, *, at_least: float, what: str, device: torch.device | str, hint: str = "",
-                       threads: int = 1, repeats: int = 5) -> float:
-    """`fast` is at least `at_least` times faster than `padded`, on 1 thread by default (on a busy
-    machine multi-threaded timings swing by several times). Labs only. Returns the ratio."""
-    return check_speedup(fast, padded, at_least=at_least, what=what, device=device, repeats=repeats,
-                         threads=threads, baseline_name="padded bmm",
-                         hint=hint or "compute only each expert's real rows: no padding, no copies of the whole batch")
-
-
 # --- Benchmark ------------------------------------------------------------------------------------
 
 def gemm_gflop(rows: int, k: int, n: int) -> float:

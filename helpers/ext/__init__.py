@@ -96,7 +96,12 @@ def build_and_load(name: str, cpp_source: str, *, sycl_source: str | None = None
         raise BuildError(f"cannot build the {name!r} extension here: {reason}")
     directory.mkdir(parents=True, exist_ok=True)
     _remove_stale_lock(directory)
+    from torch.utils import cpp_extension
     from torch.utils.cpp_extension import load_inline
+    # torch remembers each name's sources per process and skips the build when they are unchanged, even
+    # when the last build did not finish (a time limit interrupted it): no library then, and loading fails.
+    # Reaching here means this source has no finished build, so let torch build it.
+    getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", {}).pop(library.stem, None)
     try:
         load_inline(library.stem, cpp_sources=cpp_source, sycl_sources=sycl_source,
                     extra_cflags=list(extra_cflags), extra_sycl_cflags=list(extra_cflags) if sycl_source else None,

@@ -116,6 +116,7 @@ def run_submission(notebook: Path, spec: LabSpec, inputs_file: Path, protected: 
                    # no measure of memory, so there only the watcher's PSS limit applies
                    "address_space_limit_mb": memory_limit_mb if capabilities().build_accelerator is None else None,
                    "allow_processes": spec.allow_processes, "threads": threads,
+                   "native_library_roots": _native_library_roots(spec),
                    "cell_timeout": cell_timeout, "call_timeout": call_timeout, "path": str(work / "job.json")}
             Path(job["path"]).write_text(json.dumps(job))
             stopped = _run_sandbox(job, time_limit, memory_limit_mb)
@@ -143,6 +144,15 @@ def run_submission(notebook: Path, spec: LabSpec, inputs_file: Path, protected: 
                 faults[name] = "could not be graded: the notebook kept stopping early"
     return {"results": results, "faults": faults, "stops": stops, "flags": [str(f) for f in results.get("_flags", [])],
             "cell_errors": notes + [str(e) for e in results.get("_cell_errors", [])]}
+
+
+def _native_library_roots(spec: LabSpec) -> list[str]:
+    """Where a submission may load shared libraries from: the helpers' C++ extension cache, for labs that
+    may start processes (they build their learner's kernel there, lab 04); nowhere for the others."""
+    if not spec.allow_processes:
+        return []
+    from helpers.ext import CACHE_DIR
+    return [str(CACHE_DIR)]
 
 
 def _load_results(path: Path) -> dict:
@@ -217,6 +227,10 @@ def _compare(actual, expected, what: str, case: Case) -> None:
                         what=f"{what} (keys)", hint=case.hint)
         for key in expected:
             _compare(actual[key], expected[key], f"{what} [{key!r}]", case)
+    elif isinstance(actual, torch.Tensor) and type(expected) in (int, float, bool):
+        check_equal(f"a tensor of shape {tuple(actual.shape)}", f"a Python {type(expected).__name__}", what=what,
+                    hint=f"{case.hint} (convert with int(...) or .item())" if case.hint else
+                    "convert with int(...) or .item()")
     elif isinstance(expected, float) and isinstance(actual, (int, float)) and not isinstance(actual, bool):
         if not math.isclose(actual, expected, rel_tol=case.rtol, abs_tol=case.atol):
             check_equal(actual, expected, what=what, hint=case.hint)

@@ -55,6 +55,7 @@ class LabSpec:
 
 def _softmax_cases(gen: torch.Generator) -> list[Case]:
     x = torch.randn(4, 7, generator=gen) * 50
+    x[0, 0] = 100.0                    # exp(100) overflows float32: only a max-subtracted softmax survives it
     return [
         Case("large values, last dim", (x,), hint="subtract x.amax(dim, keepdim=True) before exp"),
         Case("along dim 0", (x,), {"dim": 0}, hint="use the dim argument in every reduction, with keepdim=True"),
@@ -186,7 +187,8 @@ def _combo_grid_cases(gen):
 def _combo_launch_cases(gen):
     hint = ("zeros or garbage in one part: that part's programs never ran, or ran with the wrong local id; "
             "subtract the start of the part (end0 for part 1, end1 for part 2)")
-    return [Case(f"sizes {sizes}", ([torch.randn(n, generator=gen) for n in sizes],), hint=hint, hidden=hidden)
+    return [Case(f"sizes {sizes}", ([torch.randn(n, generator=gen) for n in sizes],), hint=hint, hidden=hidden,
+                 call="triton_launch")
             for sizes, hidden in (([1000, 1, 3075], False), ([256, 0, 300], False), ([5, 700, 1], True),
                                   ([0, 0, 513], True), ([257, 257, 0], True))]
 
@@ -196,14 +198,9 @@ def _combo_reference(xs):
     return combo_reference(xs, alpha=0.5)
 
 
-def _kernel_counts():
-    from helpers import fusion
-    x, w = torch.randn(64, 128), torch.randn(128, 32)
-    cases = {"chain": (lambda x: ((x * 2 + 1).sin() * 3).relu(), (x,)),
-             "independent": (lambda a, b: (a.sin(), b.cos()), (x, torch.randn(1000))),
-             "center": (lambda x: x - x.mean(dim=-1, keepdim=True), (x,)),
-             "matmul_between": (lambda x, w: torch.relu((x * 2) @ w) + 1, (x, w))}
-    return {name: len(fusion.inspect_compiled(fn, *args).kernel_functions) for name, (fn, args) in cases.items()}
+# Exercise 3's reference compiles functions: torch.compile reads the source of every frame on the stack, and
+# the sandbox refuses this file, so the reference and what it compiles are helpers.lab_checks code.
+from helpers.lab_checks import kernel_counts as _kernel_counts   # noqa: E402
 
 
 # --- Lab 03: MoE ---------------------------------------------------------------------------------
@@ -290,14 +287,14 @@ def _kernel_cases(gen):
     hint = ("each call sees only its chunk [begin, end); compute in acc_t (float for bf16/fp16) and convert the "
             "result back to scalar_t once")
     cases = []
+    tolerance = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 1e-2, torch.float16: 1e-2}
     for shape, dtype, hidden in (((7,), torch.float32, False), ((3, 33), torch.float64, False),
                                  ((2, 5, 129), torch.bfloat16, False), ((4099,), torch.float32, False),
                                  ((0, 5), torch.float32, True), ((1,), torch.float16, True),
                                  ((65, 70), torch.float16, True)):
-        low = dtype in (torch.bfloat16, torch.float16)
         gate, up = (torch.randn(shape, generator=gen) * 4).to(dtype), torch.randn(shape, generator=gen).to(dtype)
         cases.append(Case(f"shape {shape}, {dtype}", (gate, up), call="silu_mul_kernel", hidden=hidden,
-                          atol=1e-2 if low else 1e-5, rtol=1e-2 if low else 1e-5, hint=hint))
+                          atol=tolerance[dtype], rtol=tolerance[dtype], hint=hint))
     cases.append(Case("a transposed (non-contiguous) gate", (torch.randn(40, 30, generator=gen).t(),
                                                               torch.randn(30, 40, generator=gen)),
                       call="silu_mul_kernel", hidden=True, hint=hint))
@@ -316,8 +313,9 @@ def _fake(gate, up):
 
 
 def _fake_cases(gen):
-    strides = ("allocate what the C++ wrapper allocates: a contiguous tensor of gate's shape and dtype "
-               "(torch.empty_like(gate, memory_format=torch.contiguous_format))")
+    strides = ("allocate what the C++ wrapper allocates: a contiguous tensor of gate's shape and dtype, also "
+               "when gate is transposed or permuted (empty_like copies gate's strides unless told which memory "
+               "format to use)")
     reject = "raise ValueError when the shapes or the dtypes differ, as the C++ wrapper refuses them"
     e = torch.empty
     return [
@@ -341,14 +339,15 @@ def _backward(ctx, grad):
 
 
 def _backward_cases(gen):
-    hint = "d/dgate = grad * up * s * (1 + g * (1 - s)), d/dup = grad * g * s, with s = sigmoid(g); in schema order"
+    hint = ("out = g * s * up with s = sigmoid(g) and ds/dg = s * (1 - s): d/dgate is the product rule on g * s, "
+            "times up; d/dup is silu(g); multiply both by grad and return them in schema order (gate, up)")
     r = lambda *shape, dtype=torch.float32: torch.randn(*shape, generator=gen, dtype=dtype)   # noqa: E731
     return [
         Case("gradients of gate and up", (r(4, 6) * 3, r(4, 6), r(4, 6)), call="backward_of", hint=hint),
         Case("float64", (r(5, dtype=torch.float64), r(5, dtype=torch.float64), r(5, dtype=torch.float64)),
              call="backward_of", hidden=True, atol=1e-10, rtol=1e-10, hint=hint),
         Case("gate of zeros", (torch.zeros(3, 3), r(3, 3), r(3, 3)), call="backward_of", hidden=True, hint=hint),
-        Case("large gates (no overflow)", (r(8) * 40, r(8), r(8)), call="backward_of", hidden=True, hint=hint),
+        Case("large gates (no overflow)", (r(8) * 100, r(8), r(8)), call="backward_of", hidden=True, hint=hint),
     ]
 
 
@@ -363,7 +362,7 @@ def _swiglu_cases(gen):
                 torch.randn(f, d, generator=gen) / 3, torch.randn(d, f, generator=gen) / 3)
     hint = "silu_mul(x @ w_gate.T, x @ w_up.T) @ w_down.T"
     return [
-        Case("values", weights(8, 12), atol=1e-4, hint=hint),
+        Case("values", weights(8, 12), call="swiglu_values", atol=1e-4, hint=hint),
         Case("calls labs_ext.silu_mul", weights(8, 12), call="uses_silu_mul", expected=True, expect_value=True,
              hint="call torch.ops.labs_ext.silu_mul, not F.silu(...) * ...: the exercise is about your op"),
         Case("compiled with fullgraph=True: values and gradients", weights(8, 12), call="compiled_with_grads",
@@ -392,6 +391,9 @@ def _quantize_weight_cases(gen):
              "the inputs (dim 1), one value per output row"),
         Case("codes, within 1 of round(w / scale)", (w,), call="first_as_float", atol=1.0, rtol=0, hint=codes),
         Case("codes are torch.int8", (w,), call="dtype_of_first", hint="convert with .to(torch.int8)"),
+        Case("codes are rounded, not truncated", (torch.tensor([[127.0, 10.75, -20.75, 3.25, -0.75, 0.25]]),),
+             call="first_as_float", atol=0, rtol=0,
+             hint=codes + "; .to(torch.int8) without torch.round truncates every code towards zero"),
         Case("bits=4: codes in [-7, 7]", (w,), {"bits": 4}, call="first_as_float", atol=1.0, rtol=0, hint=codes),
         Case("a row of zeros: scale 0, codes 0, no NaN", (zero,), call="first_as_float", hidden=True, atol=1.0,
              rtol=0, hint="where a row's scale is 0 its codes are 0: do not divide 0 by 0"),
@@ -462,12 +464,15 @@ def _quantize_model_cases(gen):
              hint="walk named_children() recursively and setattr each nn.Linear to MyInt8Linear(child)"),
         Case("the fp32 model is left untouched", (64, seed), call="original_untouched", expected=True,
              expect_value=True, hint="copy.deepcopy(model) first, then replace the copy's layers"),
-        Case("argmax agrees with fp32 on 99% of inputs", (64, seed, 500), call="agreement_with_fp32", expected=True,
+        Case("argmax agrees with fp32 on 97% of inputs", (64, seed, 500), call="agreement_with_fp32", expected=True,
              expect_value=True, hint="one scale per output row (per channel): this model's rows differ by 1000x"),
         Case("at least 3x smaller", (64, seed), call="at_least_3x_smaller", expected=True, expect_value=True,
              hint="store int8 codes and one scale per row, not a float copy of the weight"),
-        Case("another model, 99% agreement", (32, seed + 1, 500), call="agreement_with_fp32", expected=True,
+        Case("another model, 97% agreement", (32, seed + 1, 500), call="agreement_with_fp32", expected=True,
              expect_value=True, hidden=True, hint="one scale per output row"),
+        Case("a nested model: the Linears one level down", (64, seed), {"nested": True}, call="linears_left",
+             expected=0, expect_value=True, hidden=True,
+             hint="walk named_children() recursively: a child that is not an nn.Linear may hold Linears"),
     ]
 
 
@@ -539,8 +544,10 @@ def _bucketed(seqs, n_buckets):
     from helpers import attention
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
     outs = [None] * len(seqs)
-    for bucket in torch.tensor(order).chunk(n_buckets):
+    for bucket in torch.tensor(order).tensor_split(n_buckets):   # exactly n_buckets runs (chunk can give fewer)
         idx = bucket.tolist()
+        if not idx:
+            continue
         for i, o in zip(idx, attention.padded_attention([seqs[i] for i in idx])):
             outs[i] = o
     return outs
@@ -549,18 +556,20 @@ def _bucketed(seqs, n_buckets):
 def _bucket_cases(gen):
     lengths = [int(n) for n in torch.randint(1, 60, (7,), generator=gen)]
     seqs = lambda ls: [torch.randn(n, 2, 4, generator=gen) for n in ls]   # noqa: E731
-    runs = ("sort the sequences by length, then split the sorted list into n_buckets runs and call "
-            "attention.padded_attention once per bucket")
+    runs = ("sort the sequences by length, split the sorted list into exactly n_buckets runs (tensor_split; "
+            "chunk can return fewer) and call attention.padded_attention once per non-empty bucket")
     order = "remember each sequence's index when you sort, and put its output back there"
     return [
         Case("values, in the original order", (seqs(lengths), 2), atol=1e-4, hint=order),
-        Case("each bucket holds consecutive lengths", (seqs([40, 3, 35, 5, 30, 2]), 2), call="buckets_are_sorted_runs",
+        Case("each bucket holds consecutive lengths", (seqs([40, 3, 35, 30, 5, 2]), 2), call="buckets_are_sorted_runs",
              expected=True, expect_value=True, hint=runs),
         Case("3 buckets, values", (seqs(lengths), 3), atol=1e-4, hidden=True, hint=order),
         Case("3 buckets hold consecutive lengths", (seqs(lengths), 3), call="buckets_are_sorted_runs", expected=True,
              expect_value=True, hidden=True, hint=runs),
         Case("more buckets than sequences", (seqs([4, 9]), 3), atol=1e-4, hidden=True,
              hint="with fewer sequences than buckets, some buckets are empty: skip them"),
+        Case("4 buckets for 6 sequences", (seqs([12, 50, 7, 33, 21, 3]), 4), call="buckets_are_sorted_runs",
+             expected=True, expect_value=True, hidden=True, hint=runs),
     ]
 
 
@@ -649,10 +658,13 @@ def _trace_cases(gen):
     changed = lambda i, j, f: [(n, tuple(h * f if (k, m) == (i, j) else h for m, h in enumerate(hs)))   # noqa: E731
                                for k, (n, hs) in enumerate(trace)]
     hint = "compare every hash of each op, in order; differ means |p - q| > rtol * max(|p|, |q|)"
+    scaled = [(n, tuple(h * 1e4 for h in hs)) for n, hs in trace]
     return [
         Case("identical traces", (trace, trace), hint="return None when nothing differs"),
         Case("the op that differs first", (trace, changed(3, 0, 1 + 1e-4)), hint=hint),
         Case("rtol is relative", (trace, changed(3, 0, 1 + 1e-4)), {"rtol": 1e-2}, hint=hint),
+        Case("rtol is relative, not absolute (hashes near 1e6)", (scaled, [(n, tuple(h * (1 + 1e-4) if i == 3 else h
+             for h in hs)) for i, (n, hs) in enumerate(scaled)]), {"rtol": 1e-2}, hint=hint),
         Case("different programs are refused", (trace, trace[:-1] + [("aten.cos.default", (0.0,))]),
              raises="ValueError", hint="compare the op names of the two traces first"),
         Case("a difference in the first op", (trace, changed(0, 1, 2.0)), hidden=True, hint=hint),
@@ -736,7 +748,7 @@ SPECS.update({spec.lab: spec for spec in (
                  lambda gen: [Case("the four functions", (), call="no_args",
                                    hint="on the CPU, Inductor's C++ backend puts consecutive loops into one "
                                         "function; only a library call (extern_kernels.mm) splits them")],
-                 lambda: _kernel_counts(),
+                 _kernel_counts,
                  forbidden=("helpers.fusion.inspect_compiled", "torch.compile",
                             "torch._inductor.utils.run_and_get_code")),
     ), allow_processes=True),
@@ -792,6 +804,128 @@ SPECS.update({spec.lab: spec for spec in (
                  forbidden=("torch.jit.trace", "torch.jit.script", "torch.jit.save", "torch.jit.load")),
     )),
 )})
+
+
+# --- Lab 09: migration ---------------------------------------------------------------------------
+
+def _recorded_matrix():
+    """(run A, run B, report) of the recorded 2.9.1 -> 2.10.0 driver run shipped with the package."""
+    from helpers.validation import labcheck
+    return labcheck.load_matrix(labcheck.RECORDED)
+
+
+def _interval(samples_a, samples_b, better, n_boot=4000):
+    from helpers.validation import stats
+    r = stats.bootstrap_gain(samples_a, samples_b, better, n_boot=n_boot)
+    return r["gain"], r["low"], r["high"]
+
+
+def _interval_cases(gen):
+    def samples(median, spread, n):
+        return [float(v) for v in median * torch.exp(spread * torch.randn(n, generator=gen, dtype=torch.float64))]
+    gain = ("gain = median(A) / median(B) for a time ('lower'), median(B) / median(A) for a throughput "
+            "('higher')")
+    interval = ("resample each side with replacement (len(A) draws from A, len(B) from B), take the gain of the "
+                "resampled medians n_boot times, then the 2.5th and 97.5th percentiles")
+    run_a, run_b, _ = _recorded_matrix()
+    unet = [run["workloads"]["unet_attention"]["figures"]["iteration_time"]["samples"] for run in (run_a, run_b)]
+    cases = []
+    for name, a, b, better, hidden in (
+            ("times, B 20% slower", samples(0.02, 0.08, 30), samples(0.024, 0.08, 24), "lower", False),
+            ("throughputs, noisy", samples(50, 0.3, 40), samples(55, 0.3, 40), "higher", False),
+            ("the recorded UNet step times", *unet, "lower", False),
+            ("3 against 4 samples", [1.0, 1.1, 0.9], [2.0, 2.2, 1.8, 2.1], "lower", True),
+            ("identical samples", [0.5] * 9, [0.5] * 9, "higher", True)):
+        ref = _interval(a, b, better)
+        slack = 0.25 * (ref[2] - ref[1]) + 1e-3      # draws differ from one implementation to another
+        cases += [Case(f"{name}: the gain", (a, b, better), call="first", rtol=1e-9, atol=0, hidden=hidden, hint=gain),
+                  Case(f"{name}: the 95% interval", (a, b, better), call="interval_of", atol=slack, rtol=0,
+                       hidden=hidden, hint=interval)]
+    a, b = samples(0.02, 0.1, 400), samples(0.021, 0.1, 400)     # tight enough to tell 95% from 90%
+    ref = _interval(a, b, "lower", n_boot=20000)
+    cases.append(Case("400 samples a side, n_boot=20000: a 95% interval", (a, b, "lower"), {"n_boot": 20000},
+                      call="interval_of", atol=0.045 * (ref[2] - ref[1]), rtol=0, hidden=True,
+                      hint="the 2.5th and 97.5th percentiles (a 95% interval), not the 5th and 95th"))
+    return cases
+
+
+def _verdict(gain, low, high):
+    from helpers.validation import stats
+    return stats.verdict({"gain": gain, "low": low, "high": high})
+
+
+def _verdict_cases(gen):
+    from helpers.validation import stats
+    rule = (f"a regression needs the whole interval below 1 and the gain below 1 / (1 + {stats.MIN_CHANGE}); "
+            f"an improvement the whole interval above 1 and the gain above 1 + {stats.MIN_CHANGE}")
+    visible = [(0.9, 0.85, 0.95), (0.9, 0.85, 1.01), (1.1, 1.02, 1.2), (0.99, 0.985, 0.995), (0.9802, 0.97, 0.99)]
+    hidden = [(1.01, 1.005, 1.015), (1.5, 0.9, 2.0), (0.5, 0.3, 0.99), (1.03, 1.001, 1.06)]
+    hidden += [(g, g * (1 - w), g * (1 + w)) for g, w in
+               zip((0.9 + 0.2 * torch.rand(4, generator=gen)).tolist(), (0.05 * torch.rand(4, generator=gen)).tolist())]
+    return [Case(f"gain {g:.3f}, interval [{lo:.3f}, {hi:.3f}]", (g, lo, hi), hidden=i >= len(visible), hint=rule)
+            for i, (g, lo, hi) in enumerate(visible + hidden)]
+
+
+def _read_migration(run_a, run_b, report):
+    rows = {(r["workload"], r["figure"]): r for r in report["rows"]}
+    step = rows[("dlrm_moe_train", "step_time")]
+    return {
+        "moe_path": tuple(r["workloads"]["dlrm_moe_train"]["paths"]["moe"] for r in (run_a, run_b)),
+        "scaled_mm_path": tuple(r["checks"]["amp_scaled_mm"]["paths"]["scaled_mm"] for r in (run_a, run_b)),
+        "static_int8_accuracy": tuple(r["checks"]["quantization"]["details"]["static_int8_accuracy"]
+                                      for r in (run_a, run_b)),
+        "dlrm_step": (step["gain"], step["low"], step["high"], step["status"]),
+        "regressions": [(r["workload"], r["figure"]) for r in report["rows"] if r.get("status") == "regression"],
+    }
+
+
+def _migration_cases(gen):
+    import copy
+    run_a, run_b, report = _recorded_matrix()
+    swapped = copy.deepcopy(report)              # the same report with two rows turned into regressions
+    for row in [r for r in swapped["rows"] if "gain" in r][:2]:
+        row["status"] = "regression"
+    return [
+        Case("the recorded 2.9.1 -> 2.10.0 run", (run_a, run_b, report), rtol=1e-9, atol=0,
+             hint="read each answer from run_a, run_b and report as the exercise lists; type no number"),
+        Case("A and B the other way round", (run_b, run_a, report), rtol=1e-9, atol=0, hidden=True,
+             hint="each pair is (from the first run, from the second run)"),
+        Case("a report with regressions", (run_a, run_b, swapped), rtol=1e-9, atol=0, hidden=True,
+             hint="'regressions': every row whose status is 'regression', as (workload, figure)"),
+    ]
+
+
+def _find_drift(report):
+    row = next(n for n in report["numerics"] if n["status"] == "drift")
+    return {"workload": row["workload"], "output": row["output"], "max_rel_diff": row["max_rel_diff"]}
+
+
+def _drift_cases(gen):
+    import tempfile
+    from pathlib import Path
+
+    from helpers.validation import compare_runs, labcheck, load_run
+    _, path_b = labcheck.matrix_paths(labcheck.RECORDED)
+    hint = ("a changed hash alone is not a drift: return the numerics row whose status is 'drift', with its "
+            "max_rel_diff")
+    seeds = [0, 5, 6 + int(torch.randint(0, 1000, (), generator=gen))]   # seed 5: a row within tolerance comes first
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, seed in enumerate(seeds):
+            report = compare_runs(load_run(path_b), load_run(labcheck.inject_drift(path_b, Path(tmp) / f"c{i}.json", seed)))
+            cases.append(Case(f"the injected change, seed {seed if i < 2 else 'secret'}", (report,), rtol=1e-6,
+                              atol=0, hidden=i > 0, hint=hint))
+    return cases
+
+
+SPECS["09_migration_lab"] = LabSpec("09_migration_lab", (
+    Exercise("Exercise 1: the noise interval", "median_gain_interval", _interval_cases, _interval,
+             forbidden=("helpers.validation.stats.bootstrap_gain",)),
+    Exercise("Exercise 2: regression or noise", "verdict", _verdict_cases, _verdict,
+             forbidden=("helpers.validation.stats.verdict",)),
+    Exercise("Exercise 3: read the migration off the report", "read_migration", _migration_cases, _read_migration),
+    Exercise("Exercise 4: find the drift", "find_drift", _drift_cases, _find_drift),
+), allow_processes=True)    # the lab runs the pipeline, which records the git commit it ran from
 
 
 def spec_for(lab: str) -> LabSpec:

@@ -1,0 +1,95 @@
+"""Every gradable lab graded as a small class: the solution (full marks), the untouched student copy
+(zero), a partial one (exercise 1 only), one that crashes, one that hangs and one adversarial (all three
+in the last exercise, which no other exercise calls). The grader's scores.csv, with its seconds column,
+is the table of the closing notes."""
+import copy
+import csv
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell
+
+from helpers.notebooks import BEGIN, END
+from helpers.runner.grade import grade_submissions
+from helpers.runner.grading_specs import SPECS, spec_for
+
+REPO = Path(__file__).resolve().parent.parent
+LABS = sorted(SPECS)
+BLOCK = re.compile(rf"^([ \t]*){re.escape(BEGIN)}[^\n]*\n.*?^[ \t]*{re.escape(END)}[^\n]*$", re.S | re.M)
+
+HANG = "while True:\n    pass"
+CRASH = "import os\nos._exit(1)"
+READS_SOLUTION = """import json, pathlib, helpers
+solutions = pathlib.Path(helpers.__file__).parent.parent / "labs" / "solutions"
+return json.loads(next(solutions.glob("{lab}*.ipynb")).read_text())"""
+CHEATS = """import torch, helpers.checks, helpers.lab_checks
+helpers.lab_checks.check = lambda *a, **k: print("✅ Exercise: passed")
+helpers.checks.check_close = helpers.checks.check_equal = lambda *a, **k: print("✅ Exercise: passed")
+torch.allclose = lambda *a, **k: True
+print("✅ every exercise: passed")"""
+
+
+def solution_cell(nb, function: str) -> int:
+    """The index of the code cell whose solution block defines `function`."""
+    return next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and BEGIN in c.source
+                and re.search(rf"^\s*def {function}\b", c.source, re.M))
+
+
+def with_body(source: str, body: str) -> str:
+    """The cell with its solution block replaced by `body` at the block's indentation."""
+    return BLOCK.sub(lambda m: "\n".join(m.group(1) + line for line in body.splitlines()), source, count=1)
+
+
+def write_class(lab: str, folder) -> None:
+    solution = nbformat.read(str(REPO / "labs" / "solutions" / f"{lab}.ipynb"), as_version=4)
+    student = nbformat.read(str(REPO / "labs" / f"{lab}.ipynb"), as_version=4)
+    first, last = (e.function for e in (spec_for(lab).exercises[0], spec_for(lab).exercises[-1]))
+    nbformat.write(solution, str(folder / "solution.ipynb"))
+    nbformat.write(student, str(folder / "untouched.ipynb"))
+
+    partial = copy.deepcopy(student)
+    partial.cells[solution_cell(solution, first)] = copy.deepcopy(solution.cells[solution_cell(solution, first)])
+    nbformat.write(partial, str(folder / "partial.ipynb"))
+
+    for name, body in (("crash", CRASH), ("hang", HANG), ("adversarial", READS_SOLUTION.format(lab=lab[:2]))):
+        nb = copy.deepcopy(solution)
+        cell = nb.cells[solution_cell(solution, last)]
+        cell.source = with_body(cell.source, body)
+        if name == "adversarial":
+            nb.cells.append(new_code_cell(CHEATS))
+        nbformat.write(nb, str(folder / f"{name}.ipynb"))
+
+
+@pytest.fixture(scope="module", params=LABS)
+def graded(request, tmp_path_factory):
+    lab = request.param
+    folder = tmp_path_factory.mktemp(lab)
+    write_class(lab, folder)
+    result = grade_submissions(lab, folder, out_dir=folder / "graded", workers=2, time_limit=240, cell_timeout=60,
+                               call_timeout=5, seed=20261202)
+    rows = {r["student"]: r for r in result["students"]}
+    return lab, rows, list(csv.DictReader(open(folder / "graded" / "scores.csv")))
+
+
+def test_a_class_gets_the_scores_its_work_deserves(graded):
+    lab, rows, table = graded
+    exercises = spec_for(lab).exercises
+    full = {e.title: e.points for e in exercises}
+    last = exercises[-1].title
+    expected = {
+        "solution": full,
+        "untouched": dict.fromkeys(full, 0.0),
+        "partial": {t: (p if t == exercises[0].title else 0.0) for t, p in full.items()},
+        "crash": {**full, last: 0.0},
+        "hang": {**full, last: 0.0},
+        "adversarial": {**full, last: 0.0},
+    }
+    for student, scores in expected.items():
+        assert rows[student]["scores"] == scores, (student, rows[student]["lines"])
+    assert rows["crash"]["status"].startswith("crashed")
+    assert rows["hang"]["status"] in ("ok", "timeout")
+    assert any("labs/solutions" in f for f in rows["adversarial"]["flags"]), rows["adversarial"]["flags"]
+    assert not rows["solution"]["flags"], rows["solution"]["flags"]
+    assert all(float(r["seconds"]) > 0 for r in table)
