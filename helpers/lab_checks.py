@@ -289,27 +289,6 @@ def _matmul_between(x, w):
     return torch.relu((x * 2) @ w) + 1
 
 
-def _interpret_triton_language() -> list:
-    """Make triton.language's own jit helpers (tl.cdiv, tl.sigmoid, ...) interpreted functions; returns
-    what to put back. They are built when triton is first imported: a process that imported it before
-    TRITON_INTERPRET=1 was set (torch._dynamo imports it, and the grader's sandbox imports that before the
-    notebook's first cell) has them built for a GPU, and an interpreted kernel calling one fails with
-    "Cannot call @triton.jit'd outside of the scope of a kernel"."""
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-    except ImportError:
-        return []
-    swapped = []
-    for name, module in list(sys.modules.items()):
-        if module is not None and (name == "triton.language" or name.startswith("triton.language.")):
-            for attr, value in list(vars(module).items()):
-                if isinstance(value, JITFunction):
-                    swapped.append((module, attr, value))
-                    setattr(module, attr, InterpretedFunction(value.fn))
-    return swapped
-
-
 def triton_launch(fn, xs):
     """fn(xs), lab 02's launch_three_part, where its Triton kernel runs: CPU tensors under Triton's
     interpreter (TRITON_INTERPRET=1, which the lab sets on a CPU), else GPU tensors; returns CPU tensors.
@@ -326,12 +305,9 @@ def triton_launch(fn, xs):
     own_grid = namespace.get("combo_grid", missing)
     if own_grid is not missing:
         namespace["combo_grid"] = combo_grid
-    swapped = _interpret_triton_language() if interpret and "triton.language" in sys.modules else []
     try:
         out = fn([x.to(device) for x in xs])
     finally:
-        for module, attr, value in swapped:
-            setattr(module, attr, value)
         if own_grid is not missing:
             namespace["combo_grid"] = own_grid
     return [o.cpu() if isinstance(o, torch.Tensor) else o for o in out] if isinstance(out, (list, tuple)) else out

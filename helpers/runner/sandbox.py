@@ -132,6 +132,11 @@ def main(job_path: str) -> int:
     # may not read (nor import: the guard refuses the file): here they only say that the grader checks.
     helpers.lab_checks.check = _checked_by_the_grader
     harness_state = dict(vars(helpers.lab_checks))   # restored before the calls: cells may patch it
+    if not (torch.cuda.is_available() or torch.xpu.is_available()):
+        # Triton builds its own helpers (tl.cdiv, tl.sigmoid) when first imported, and torch._dynamo imports
+        # it just below: on a machine without a GPU they must be built for the interpreter, as a lab sets
+        # TRITON_INTERPRET=1 there before its first import, or a learner's interpreted kernel cannot call them
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     helpers.lab_checks.record_calls(lambda: torch.zeros(1) + 1, ("add",))   # imports torch._dynamo, once
 
     nb = nbformat.read(job["notebook"], as_version=4)
