@@ -110,6 +110,8 @@ def cmd_notebooks(args) -> int:
     from helpers import notebooks
     if args.action == "verified":
         return _write_verified(args)
+    if args.action in ("sync", "twin"):
+        return _sync_twins(args)
     if not args.paths:
         raise SystemExit("notebooks fix needs the notebooks to execute and rewrite")
     failed = 0
@@ -118,6 +120,26 @@ def cmd_notebooks(args) -> int:
         print(f"{path}: {'ok' if not problems else '; '.join(problems)}")
         failed += bool(problems)
     return 1 if failed else 0
+
+
+def _sync_twins(args) -> int:
+    """notebooks sync [PATHS]: each .ipynb from its percent-format twin (default: every manifest entry);
+    notebooks twin PATHS: write the twin of a notebook that has none yet."""
+    from helpers import manifest, notebooks
+    paths = [Path(p).with_suffix(".ipynb") for p in args.paths] or [manifest.REPO / e["path"] for e in manifest.entries()]
+    labs = []
+    for path in paths:
+        if args.action == "twin":
+            notebooks.twin_path(path).write_text(notebooks.twin_text(notebooks.read(path)))
+            print(f"wrote {notebooks.twin_path(path)}")
+            continue
+        changed = notebooks.sync_from_twin(path)
+        print(f"{path}: {'rewritten from its twin' if changed else 'unchanged'}")
+        if changed and path.parent.name == "solutions":
+            labs.append(path)
+    for path in notebooks.build_labs(labs) if labs else []:
+        print(f"wrote {path}")
+    return 0
 
 
 def _write_verified(args) -> int:
@@ -240,8 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--quick", action="store_true")
     bench.add_argument("--out")
     nbs = sub.add_parser("notebooks", help="fix: execute in quick mode and rewrite under the outputs policy; "
-                                           "verified: write each card's 'Verified with torch' from a matrix")
-    nbs.add_argument("action", choices=["fix", "verified"])
+                                           "verified: write each card's 'Verified with torch' from a matrix; "
+                                           "sync: write each .ipynb from its percent-format twin (.py); "
+                                           "twin: write a notebook's twin")
+    nbs.add_argument("action", choices=["fix", "verified", "sync", "twin"])
     nbs.add_argument("paths", nargs="*", help="fix: the notebooks; verified: default every manifest entry")
     nbs.add_argument("--matrix", help="verified: the matrix.json written by python -m helpers report")
     labs = sub.add_parser("labs", help="build: write the student copies of the lab solutions; export-nbgrader DIR "

@@ -107,3 +107,16 @@ def check_speedup(fast: Callable[[], object], slow: Callable[[], object], *, at_
              hint or "profile it: where does the time go?")
     print(f"✅ {what}: passed ({ratio:.2f}x faster than {baseline_name} on {on}, target {at_least:.2f}x)")
     return ratio
+
+
+def your_turn(check: Callable[[], object], *, what: str) -> bool:
+    """A lesson's "your turn" cell: run `check` (which calls the check_* functions on the learner's
+    change) and say how it went. A lesson goes on either way, so "not yet" prints the hint instead of
+    stopping the notebook; returns whether the check passed."""
+    try:
+        check()
+    except CheckFailed as failure:
+        print(f"Not yet. {failure}\nChange the value in the cell above and run both cells again.")
+        return False
+    print(f"🎯 Your turn, {what}: done.")
+    return True

@@ -15,12 +15,21 @@ GIL off) pure Python runs in parallel too. Properties, each tested in tests/test
 - no leaked threads: leaving the loop early, an exception, or close() stops and joins every worker.
 
 Transforms are module-level functions so DataLoader worker processes can pickle them (spawn and
-forkserver, the default on Python 3.14 Linux, pickle the dataset; functions defined in a notebook cannot be).
+forkserver, the default on Python 3.14 Linux, pickle the dataset; a function defined in a notebook is
+pickled by reference to `__main__`, which the worker cannot resolve).
+
+Lesson 01 compares serial loading, thread_map, torchdata.nodes threads and two DataLoader process loaders:
+per sample (batch_size=None: every item crosses the process boundary on its own) and batched (batch_size=B:
+the worker collates B items into one tensor, as real loaders do). `side_by_side` times the pure-Python
+transform on a GIL build and a free-threaded build; its record (with where, when and on what it ran) is
+written to JSON, and a copy shipped in helpers/recorded/ is what the lesson shows where it cannot run.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import platform
 import queue
 import shlex
 import subprocess
@@ -29,6 +38,7 @@ import sysconfig
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -229,15 +239,44 @@ class MapDataset(torch.utils.data.Dataset):
         return self.fn(self.items[i])
 
 
+PAD = VOCAB      # the padding id of a batch of token ids: one past the vocabulary
+
+
+def collate(batch: list):
+    """What a real loader's collate_fn does, in the worker: one tensor per batch. Tensors of one shape are
+    stacked by torch's default_collate (which, in a worker process, writes the batch straight into shared
+    memory: torch/utils/data/_utils/collate.py); lists of token ids are padded with PAD into a
+    (batch, longest) int64 tensor."""
+    if isinstance(batch[0], torch.Tensor):
+        return torch.utils.data.default_collate(batch)
+    out = torch.full((len(batch), max(len(ids) for ids in batch)), PAD, dtype=torch.int64)
+    for row, ids in enumerate(batch):
+        out[row, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
+    return out
+
+
 # --- The loaders compared: each candidate loads one epoch ------------------------------------
+
+LOADERS = ("threads", "processes, per sample", "processes, batched", "torchdata threads")
+MOST_WORKERS = 8     # the largest worker count measured: every loader's workers stay alive while it is timed
+
+
+def worker_counts(cores: int, *, quick: bool, most: int = MOST_WORKERS) -> list[int]:
+    """The worker counts to measure: 1, 2, 4 and the usable cores (at most `most`); [1, 2] in quick mode.
+    4 on a 2-core machine is on purpose: it shows what oversubscription costs."""
+    return [1, 2] if quick else sorted({1, 2, 4, max(1, min(cores, most))})
+
 
 def count(iterable) -> int:
     return sum(1 for _ in iterable)
 
 
-def dataloader(fn, items, workers: int) -> torch.utils.data.DataLoader:
-    """DataLoader with `workers` processes, one item per step, workers kept between epochs."""
-    return torch.utils.data.DataLoader(MapDataset(items, fn), batch_size=None, num_workers=workers,
+def dataloader(fn, items, workers: int, batch_size: int | None = None) -> torch.utils.data.DataLoader:
+    """DataLoader with `workers` processes kept between epochs. batch_size=None: one item per step, each
+    sent back from its worker on its own (pickled; a tensor through its own shared-memory block).
+    batch_size=B: the worker collates B items (`collate`) and sends one tensor per batch."""
+    return torch.utils.data.DataLoader(MapDataset(items, fn), batch_size=batch_size, num_workers=workers,
+                                       collate_fn=collate if batch_size is not None else None,
                                        persistent_workers=True, prefetch_factor=4)
 
 
@@ -249,21 +288,19 @@ def nodes_loader(fn, items, workers: int):
     return nodes.Loader(mapper)
 
 
-def loaders(fn, items, worker_counts: Iterable[int], *, torchdata: bool = True
+def loaders(fn, items, workers: int, *, batch_size: int = 8, torchdata: bool = True
             ) -> tuple[dict[str, Callable[[], int]], list]:
-    """name -> zero-argument callable that loads one epoch; plus the DataLoaders to shut down.
-    torchdata=False leaves out the torchdata.nodes loader (an optional package)."""
-    candidates = {"serial": lambda: count(map(fn, items))}
-    opened = []
-    for k in worker_counts:
-        dl = dataloader(fn, items, k)
-        opened.append(dl)
-        candidates[f"processes x{k}"] = lambda dl=dl: count(dl)
-        candidates[f"threads x{k}"] = lambda k=k: count(thread_map(fn, items, workers=k))
-        if torchdata:
-            nl = nodes_loader(fn, items, k)
-            candidates[f"torchdata threads x{k}"] = lambda nl=nl: count(nl)
-    return candidates, opened
+    """name -> zero-argument callable that loads one epoch (serial, and each of LOADERS with `workers`
+    workers), plus the DataLoaders to shut down. torchdata=False leaves out the torchdata.nodes loader."""
+    per_sample, batched = dataloader(fn, items, workers), dataloader(fn, items, workers, batch_size)
+    candidates = {"serial": lambda: count(map(fn, items)),
+                  "threads": lambda: count(thread_map(fn, items, workers=workers)),
+                  "processes, per sample": lambda: count(per_sample),
+                  "processes, batched": lambda: count(batched)}
+    if torchdata:
+        nl = nodes_loader(fn, items, workers)
+        candidates["torchdata threads"] = lambda: count(nl)
+    return candidates, [per_sample, batched]
 
 
 def shutdown(opened: list) -> None:
@@ -275,20 +312,48 @@ def shutdown(opened: list) -> None:
             dl._iterator = None
 
 
-def measure(fn, items, worker_counts: Iterable[int], *, repeats: int = 3, min_run_time: float = 0.1,
-            torchdata: bool = True) -> dict:
-    """items/s for every loader and worker count, measured interleaved in one helpers.bench.compare run,
-    with torch at 1 intra-op thread so parallelism comes from the loaders' workers alone."""
+def measure(fn, items, worker_counts: Iterable[int], *, batch_size: int = 8, repeats: int = 3,
+            min_run_time: float = 0.1, torchdata: bool = True) -> dict:
+    """Items/s of serial loading and of every loader, at each worker count. One helpers.bench.compare per
+    worker count times serial and the loaders interleaved, with torch at 1 intra-op thread (parallelism
+    comes from the workers alone); only that count's worker processes are alive meanwhile.
+    Returns {"worker_counts", "batch_size", "items", "by_workers": {k: compare result}}."""
     from helpers.bench import compare
-    candidates, opened = loaders(fn, items, worker_counts, torchdata=torchdata)
-    try:
+    counts = list(worker_counts)
+    out = {"worker_counts": counts, "batch_size": batch_size, "items": len(items), "by_workers": {}}
+    for k in counts:
         with warnings.catch_warnings():    # more workers than cores is part of the experiment
             warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-            result = compare(candidates, baseline="serial", repeats=repeats, min_run_time=min_run_time,
-                             warmup=1, threads=1, device="cpu", work=len(items), work_unit="items")
-    finally:
-        shutdown(opened)
-    return result
+            candidates, opened = loaders(fn, items, k, batch_size=batch_size, torchdata=torchdata)
+            try:
+                out["by_workers"][k] = compare(candidates, baseline="serial", repeats=repeats,
+                                               min_run_time=min_run_time, warmup=1, threads=1, device="cpu",
+                                               work=len(items), work_unit="items")
+            finally:
+                shutdown(opened)
+    return out
+
+
+def items_per_s(result: dict, loader: str) -> list[float]:
+    """A loader's items/s at each worker count of a `measure` result ("serial": measured beside each)."""
+    return [result["by_workers"][k]["results"][loader]["items_per_s"] for k in result["worker_counts"]]
+
+
+def speedup(result: dict, loader: str, workers: int) -> float:
+    """How many times faster than serial (measured beside it) a loader was with `workers` workers."""
+    return result["by_workers"][workers]["results"][loader]["ratio_to_baseline"]
+
+
+def speedup_table(result: dict) -> str:
+    """A `measure` result as text: each loader's speed-up over serial (measured beside it) per worker
+    count, and serial's own items/s."""
+    counts = result["worker_counts"]
+    names = [n for n in result["by_workers"][counts[0]]["results"] if n != "serial"]
+    rows = ["speed-up over serial, by number of workers",
+            f"{'workers':<24}" + "".join(f"{k:>12}" for k in counts),
+            *(f"{name:<24}" + "".join(f"{speedup(result, name, k):>11.2f}x" for k in counts) for name in names),
+            f"{'(serial items/s)':<24}" + "".join(f"{v:>12.0f}" for v in items_per_s(result, "serial"))]
+    return "\n".join(rows)
 
 
 def benchmark(quick: bool = False) -> dict:
@@ -296,23 +361,34 @@ def benchmark(quick: bool = False) -> dict:
     from helpers.device import capabilities, missing
     caps = capabilities()
     with_torchdata = not missing("torchdata")
-    worker_counts = [1, 2] if quick else sorted({1, 2, 4, caps.cpu_count})
+    counts = worker_counts(caps.cpu_count, quick=quick)
     n = 16 if quick else 64
     families = {"GIL-bound: tokenize (pure Python)": (tokenize, make_texts(n, words=300 if quick else 600)),
                 "GIL-releasing: augment_image (torch ops)": (augment_image, make_images(n, 192 if quick else 256))}
-    out = {"worker_counts": worker_counts, "items_per_epoch": n, "cpu_count": caps.cpu_count,
+    out = {"worker_counts": counts, "items_per_epoch": n, "cpu_count": caps.cpu_count,
            "free_threaded": caps.free_threaded, "gil_enabled": caps.gil_enabled, "families": {}}
     for name, (fn, items) in families.items():
-        out["families"][name] = measure(fn, items, worker_counts, repeats=3 if quick else 5,
+        out["families"][name] = measure(fn, items, counts, batch_size=4 if quick else 8, repeats=3 if quick else 5,
                                         min_run_time=0.05 if quick else 0.2, torchdata=with_torchdata)
     return out
 
 
 # --- Memory: threads against processes -------------------------------------------------------
 
+def memory_measure() -> str:
+    """What tree_pss_mb measures on this OS: "PSS" (Linux), or "RSS" where the OS reports no PSS (macOS,
+    Windows): there a page shared by several processes is counted once in each."""
+    import psutil
+    try:
+        return "PSS" if hasattr(psutil.Process().memory_full_info(), "pss") else "RSS"
+    except psutil.Error:
+        return "RSS"
+
+
 def tree_pss_mb(pid: int | None = None) -> float:
     """Proportional set size of a process and all its children, in MB: pages shared between them (torch's
-    libraries, memory a forked worker has not written) count once in total. The batch runner's measure."""
+    libraries, memory a forked worker has not written) count once in total. The batch runner's measure;
+    where the OS reports no PSS it falls back to RSS (see memory_measure)."""
     import psutil
 
     from helpers.runner.job import _memory_mb, _tree
@@ -340,12 +416,13 @@ def _peak_while(load: Callable[[], object], interval_s: float) -> float:
 
 
 def loader_memory(fn, items, workers: int, start_methods: Iterable[str] = ("fork",), *,
-                  interval_s: float = 0.01) -> dict[str, float]:
-    """What one epoch costs in memory, in MB of PSS above this process before it started: with `workers`
-    threads (thread_map), and with `workers` DataLoader processes started for the epoch by each of
-    `start_methods` ("fork", "forkserver", "spawn"; no persistent workers: each epoch starts them again)."""
+                  interval_s: float = 0.01) -> dict:
+    """What one epoch costs in memory, in MB above this process before it started: with `workers` threads
+    (thread_map), and with `workers` DataLoader processes started for the epoch by each of `start_methods`
+    ("fork", "forkserver", "spawn"; no persistent workers: each epoch starts them again). "measure" says
+    whether the figures are PSS or, where the OS has no PSS, RSS."""
     before = tree_pss_mb()
-    out = {"before_mb": before,
+    out = {"measure": memory_measure(), "before_mb": before,
            "threads": _peak_while(lambda: count(thread_map(fn, items, workers=workers)), interval_s) - before}
     for method in start_methods:
         loader = torch.utils.data.DataLoader(MapDataset(items, fn), batch_size=None, num_workers=workers,
@@ -358,7 +435,7 @@ def loader_memory(fn, items, workers: int, start_methods: Iterable[str] = ("fork
 
 def interpreter_benchmark(n_texts: int = 32, words: int = 300, workers: int = 2, repeats: int = 3) -> dict:
     """Seconds to tokenize n_texts documents serially and on `workers` threads, in this interpreter,
-    with what it is (version, free-threaded build, GIL on after torch's import)."""
+    with what it is (CPython and torch versions, free-threaded build, GIL on after torch's import)."""
     texts = make_texts(n_texts, words=words)
 
     def median(call) -> float:
@@ -374,7 +451,8 @@ def interpreter_benchmark(n_texts: int = 32, words: int = 300, workers: int = 2,
     threaded = median(lambda: count(thread_map(tokenize, texts, workers=workers)))
     gil_check = getattr(sys, "_is_gil_enabled", None)
     return {"python": sys.version.split()[0], "free_threaded": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-            "gil_enabled": gil_check() if gil_check else True, "texts": n_texts, "workers": workers,
+            "gil_enabled": gil_check() if gil_check else True, "torch": torch.__version__, "texts": n_texts,
+            "words": words, "workers": workers, "repeats": repeats,
             "serial_s": serial, "threads_s": threaded, "speedup": serial / threaded}
 
 
@@ -386,6 +464,81 @@ def interpreter_benchmark_in(python: str, timeout_s: float = 300, env: dict | No
     if done.returncode != 0:
         raise RuntimeError(f"{python} -m helpers.data failed: {done.stderr.strip()[-1000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --- The GIL build and the free-threaded build, side by side, and its recorded run ---------------
+
+SIDE_BY_SIDE_SCHEMA = "pytorch-210-labs/free-threaded-side-by-side/1"
+SIDE_BY_SIDE_OUT_ENV = "LABS_SIDE_BY_SIDE_OUT"      # where a live side-by-side run writes its record
+SIDE_BY_SIDE_OUT = "runs/free_threaded_side_by_side.json"
+RECORDED_SIDE_BY_SIDE = Path(__file__).with_name("recorded") / "free_threaded_side_by_side.json"
+GIL_BUILD, FT_BUILD, FT_GIL_FORCED = "GIL build", "free-threaded build", "free-threaded build, PYTHON_GIL=1"
+
+
+def side_by_side(other_python: str, *, n_texts: int = 64, words: int = 300, workers: int = 2,
+                 repeats: int = 3, quick: bool = False) -> dict:
+    """interpreter_benchmark here and in `other_python` (one must be a GIL build, the other a free-threaded
+    one), and in the free-threaded one again with PYTHON_GIL=1; with where, when and on what it ran."""
+    from helpers.device import capabilities
+    args = {"n_texts": n_texts, "words": words, "workers": workers, "repeats": repeats}
+    here = interpreter_benchmark(**args)
+    there = interpreter_benchmark_in(other_python, **args)
+    if here["free_threaded"] == there["free_threaded"]:
+        raise ValueError(f"{other_python} is the same kind of build as {sys.executable} (free-threaded: "
+                         f"{here['free_threaded']}): pair a GIL build with a free-threaded one")
+    ft_python = sys.executable if here["free_threaded"] else other_python
+    runs = {GIL_BUILD: there if here["free_threaded"] else here, FT_BUILD: here if here["free_threaded"] else there,
+            FT_GIL_FORCED: interpreter_benchmark_in(ft_python, env={"PYTHON_GIL": "1"}, **args)}
+    caps = capabilities()
+    return {"schema": SIDE_BY_SIDE_SCHEMA,
+            "recorded_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": {"cpu": caps.cpu_name, "usable_cpus": caps.cpu_count, "os": platform.platform()},
+            "quick": quick, "settings": args, "runs": runs}
+
+
+def save_side_by_side(record: dict, path: str | os.PathLike | None = None) -> Path:
+    """Write a side_by_side record as JSON: to `path`, else $LABS_SIDE_BY_SIDE_OUT, else
+    runs/free_threaded_side_by_side.json (relative to the working directory). Returns the absolute path."""
+    from helpers.files import write_text_atomic
+    target = Path(path or os.environ.get(SIDE_BY_SIDE_OUT_ENV) or SIDE_BY_SIDE_OUT)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(json.dumps(record, indent=2) + "\n", target)
+    return target.resolve()
+
+
+def recorded_side_by_side(path: str | os.PathLike = RECORDED_SIDE_BY_SIDE) -> dict | None:
+    """The side_by_side record shipped with the package, or None when none is shipped."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("schema") != SIDE_BY_SIDE_SCHEMA:
+        raise ValueError(f"{path}: schema {record.get('schema')!r}, expected {SIDE_BY_SIDE_SCHEMA!r}")
+    return record
+
+
+def provenance(record: dict) -> str:
+    """Where, when and on what a side_by_side record ran, in one line."""
+    m, runs, s = record["machine"], record["runs"], record["settings"]
+    builds = "; ".join(f"{name}: CPython {r['python']}, torch {r['torch']}" for name, r in runs.items()
+                       if name != FT_GIL_FORCED)
+    return (f"{record['recorded_utc']} on {m['cpu']} ({m['usable_cpus']} usable CPUs, {m['os']}); {builds}; "
+            f"{s['n_texts']} documents, {s['workers']} threads{', quick mode' if record['quick'] else ''}")
+
+
+def side_by_side_lines(record: dict) -> list[str]:
+    """A side_by_side record as a table and the two comparisons that matter."""
+    runs = record["runs"]
+    lines = [f"{'':<36}{'Python':>8}{'GIL on':>8}{'serial ms':>11}{'threads ms':>12}{'speed-up':>10}"]
+    for name, r in runs.items():
+        lines.append(f"{name:<36}{r['python']:>8}{str(r['gil_enabled']):>8}{r['serial_s'] * 1e3:>11.1f}"
+                     f"{r['threads_s'] * 1e3:>12.1f}{r['speedup']:>9.2f}x")
+    ft, gil = runs[FT_BUILD], runs[GIL_BUILD]
+    lines.append(f"one thread, free-threaded build against the GIL build: {ft['serial_s'] / gil['serial_s']:.2f}x "
+                 f"the time")
+    lines.append(f"{ft['workers']} threads on the free-threaded build against one thread on the GIL build: "
+                 f"{gil['serial_s'] / ft['threads_s']:.2f}x the speed")
+    return lines
 
 
 # --- An extension that turns the GIL back on -------------------------------------------------
@@ -465,5 +618,21 @@ def check_thread_safe(fn: Callable, items: list, expected: list, *, seed: int, w
     passed(what)
 
 
-if __name__ == "__main__":     # python -m helpers.data '{"n_texts": 32}': interpreter_benchmark as JSON
-    print(json.dumps(interpreter_benchmark(**json.loads(sys.argv[1] if len(sys.argv) > 1 else "{}"))))
+def _main(argv: list[str]) -> None:
+    """python -m helpers.data '{"n_texts": 32}': interpreter_benchmark as JSON (what interpreter_benchmark_in
+    runs). python -m helpers.data side-by-side [OUT.json]: side_by_side against $LABS_OTHER_PYTHON at the
+    lesson's full size, written to OUT.json (default: $LABS_SIDE_BY_SIDE_OUT, else runs/...)."""
+    if argv and argv[0] == "side-by-side":
+        from helpers.device import capabilities, skip_reason
+        reason = skip_reason(["other_python"])
+        if reason:
+            raise SystemExit(f"side-by-side: {reason}")
+        record = side_by_side(capabilities().other_python, workers=capabilities().cpu_count)
+        print("\n".join(side_by_side_lines(record)))
+        print("written:", save_side_by_side(record, argv[1] if len(argv) > 1 else None))
+        return
+    print(json.dumps(interpreter_benchmark(**json.loads(argv[0] if argv else "{}"))))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -53,13 +53,13 @@ class Capabilities:
     cuda_version: str | None
     hip_version: str | None
     xpu_compiled: bool
-    cpu_count: int
+    cpu_count: int                   # CPUs this process may use (affinity mask, cgroup quota), not the machine's
     cpu_name: str
     toolchains: dict[str, str | None] = field(default_factory=dict)   # name -> path, or None
     packages: dict[str, str | None] = field(default_factory=dict)     # name -> version, or None
     python_version: str = ""
     free_threaded: bool = False      # a 3.13t/3.14t build (Py_GIL_DISABLED)
-    gil_enabled: bool = True         # whether the GIL is on right now
+    gil_enabled: bool = True         # whether the GIL was on when probed (requires() reads it live: gil_on())
     features: dict[str, bool] = field(default_factory=dict)   # version-dependent torch features (FEATURES)
     other_python: str | None = None  # LABS_OTHER_PYTHON, when it names an executable
 
@@ -94,6 +94,26 @@ def _ram_gb() -> float | None:
         return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """CPUs this process may run on: its affinity mask (taskset, a container's cpuset; os.process_cpu_count
+    on Python 3.13+, which PYTHON_CPU_COUNT overrides), capped by a cgroup v2 CPU quota (docker --cpus)
+    rounded up. os.cpu_count() counts every CPU of the machine."""
+    if hasattr(os, "process_cpu_count"):
+        n = os.process_cpu_count() or 1
+    elif hasattr(os, "sched_getaffinity"):
+        n = len(os.sched_getaffinity(0)) or 1
+    else:
+        n = os.cpu_count() or 1
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return n
 
 
 def _package_version(name: str) -> str | None:
@@ -201,7 +221,7 @@ def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shu
         memory_gb=memory_gb, bf16=bf16, fp8=fp8,
         torch_version=torch_mod.__version__, cuda_version=None if hip else cuda, hip_version=hip,
         xpu_compiled=bool(getattr(getattr(torch_mod, "xpu", None), "_is_compiled", lambda: False)()),
-        cpu_count=os.cpu_count() or 1, cpu_name=_cpu_name(),
+        cpu_count=usable_cpus(), cpu_name=_cpu_name(),
         toolchains={tool: next((p for p in map(which, names) if p), None) for tool, names in TOOLCHAINS.items()},
         packages={pkg: _package_version(pkg) for pkg in ("triton", "torchao", "torchdata", "numpy", "scikit-learn")},
         python_version=platform.python_version(),
@@ -216,6 +236,16 @@ def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shu
 def capabilities() -> Capabilities:
     """This machine's capabilities, probed once per process."""
     return probe()
+
+
+def gil_on(c: Capabilities | None = None) -> bool:
+    """Whether the GIL is on now. For this process it is read live (sys._is_gil_enabled()): importing an
+    extension not marked free-threading-safe after the probe turns it back on. A Capabilities other than
+    this process's (a test's fake) answers from its own field."""
+    if c is None or c is capabilities():
+        check = getattr(sys, "_is_gil_enabled", None)
+        return check() if check is not None else True
+    return c.gil_enabled
 
 
 @functools.cache
@@ -293,7 +323,7 @@ NEEDS: dict[str, tuple[Callable[[Capabilities], bool], str]] = {
                      f"{OTHER_PYTHON_ENV}=PATH naming the Python of a venv of the other build (a GIL build "
                      f"beside a free-threaded one, or the reverse) with torch and this package; "
                      f"make free-threaded sets it"),
-    "gil_disabled": (lambda c: not c.gil_enabled,
+    "gil_disabled": (lambda c: not gil_on(c),
                      "a free-threaded CPython with the GIL off (no extension re-enabled it; PYTHON_GIL=0)"),
 }
 
@@ -310,7 +340,7 @@ def _found(name: str, c: Capabilities) -> str:
     if name == "other_python":
         return f"{OTHER_PYTHON_ENV} is {os.environ.get(OTHER_PYTHON_ENV) or 'unset'}"
     if name in ("free_threaded", "gil_disabled"):
-        return f"Python {c.python_version}, free-threaded build: {c.free_threaded}, GIL on: {c.gil_enabled}"
+        return f"Python {c.python_version}, free-threaded build: {c.free_threaded}, GIL on: {gil_on(c)}"
     return f"this machine: {c.accelerator} ({c.device_name}{', ' + c.arch if c.arch else ''})"
 
 

@@ -2,6 +2,9 @@
 
     info = inspect_compiled(fn, *args)                 # compile, run once, keep the generated code
     print(info.kernel_functions, info.loop_kernels)    # cpp_fused_* / triton_* functions; kernels generated
+    torch_log_lines(stderr_text, "fusion")             # what TORCH_LOGS="fusion" printed, prefixes cut
+    scheduler_nodes(debug_trace_file(d, "ir_post_fusion.txt"))   # what TORCH_COMPILE_DEBUG=1 wrote
+    combo_dispatches(info.code)                        # each combo kernel: its dispatch and sub-kernel sizes
     outs = combo_launch([x0, x1, x2], alpha=0.5)       # three elementwise ops in ONE Triton launch
     refs = combo_reference([x0, x1, x2], alpha=0.5)    # the same in eager PyTorch
 
@@ -12,9 +15,11 @@ os.environ["TRITON_INTERPRET"] = "1" before the first combo_launch / separate_la
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -86,8 +91,10 @@ def kernel_source(code: str, name: str, max_lines: int | None = None) -> str:
     start = code.find(f"{name} = async_compile.")
     if start < 0:
         raise KeyError(f"no kernel named {name!r} in this code; kernels: {kernel_functions(code)}")
-    end = code.find("''')", start)
-    lines = code[start:end + 4].splitlines()
+    opening = code.find("'''", start)                     # r''' (C++) or ''' (Triton) opens the source
+    closing = code.find("'''", opening + 3)
+    end = code.find("\n", closing)
+    lines = code[start:end if end >= 0 else len(code)].splitlines()
     if max_lines is not None and len(lines) > max_lines:
         lines = lines[:max_lines] + [f"    ... ({len(lines) - max_lines} more lines)"]
     return "\n".join(lines)
@@ -103,6 +110,52 @@ def wrapper_calls(code: str) -> list[str]:
         if head in names or stripped.startswith("extern_kernels."):
             calls.append(stripped)
     return calls
+
+
+# --- Inductor's own tools: TORCH_LOGS and TORCH_COMPILE_DEBUG -------------------------------------
+
+# torch's log format: "V1202 08:19:29.462000 4639 torch/_inductor/scheduler.py:4995] [0/0] [__fusion] text";
+# an artifact turned on with TORCH_LOGS="fusion" (or torch._logging.set_logs(fusion=True)) is tagged [__fusion].
+_LOG_LINE = re.compile(r"^[A-Z]\d{4} \S+ \d+ \S+\](?: \[[^\]]*\])*? \[__(\w+)\] ?(.*)$")
+
+
+def torch_log_lines(text: str, artifact: str) -> list[str]:
+    """The messages of one log artifact ("fusion", "output_code", ...) in what torch's logs printed,
+    without the level/time/file prefix torch puts before every line."""
+    found = []
+    for line in text.splitlines():
+        match = _LOG_LINE.match(line)
+        if match and match.group(1) == artifact:
+            found.append(match.group(2))
+    return found
+
+
+def debug_trace_file(debug_dir: str | os.PathLike, name: str) -> str:
+    """The text of one file Inductor's debug trace wrote (TORCH_COMPILE_DEBUG=1, or the compile options
+    {"trace.enabled": True, "trace.debug_dir": debug_dir}): ir_pre_fusion.txt, ir_post_fusion.txt,
+    output_code.py, ... If several graphs were compiled into debug_dir, the last one written."""
+    paths = sorted(Path(debug_dir).glob(f"**/{name}"), key=lambda p: p.stat().st_mtime)
+    if not paths:
+        raise FileNotFoundError(f"no {name} under {debug_dir}: did the compile hit Inductor's FX graph cache? "
+                                f"A cache hit skips the scheduler, so nothing is written (compile with "
+                                f"options={{'fx_graph_cache': False, ...}})")
+    return paths[-1].read_text()
+
+
+_NODE_HEADER = re.compile(r"^(\w+): (\w*SchedulerNode)\(")
+
+
+def scheduler_nodes(ir_text: str) -> list[str]:
+    """The scheduler nodes listed in an ir_pre_fusion.txt / ir_post_fusion.txt, as "op0: SchedulerNode"
+    or "op0_op1: FusedSchedulerNode" (the nodes inside a fused node are not listed again)."""
+    nodes, previous = [], ""
+    for line in ir_text.splitlines():
+        match = _NODE_HEADER.match(line)
+        if match and not previous.rstrip().endswith("="):     # "op0_op1.snodes[0] =" precedes a member
+            nodes.append(f"{match.group(1)}: {match.group(2)}")
+        if line.strip():
+            previous = line
+    return nodes
 
 
 # --- The workloads: an optimizer-style update, and many tiny independent ops --------------------
@@ -241,16 +294,20 @@ def combo_grid(numels: Sequence[int], block: int) -> tuple[int, list[int]]:
     return total, ends
 
 
-# Inductor's choice between the two dispatch schemes of a combo kernel (ComboKernel.select_dispatch_strategy
-# in torch/_inductor/codegen/triton_combo_kernel.py, the same in 2.10 and 2.13): round-robin when every
-# sub-kernel is within BLOCK_UTILIZATION of the largest on average, i.e. when at most 20% of its programs
-# would be masked out.
+# Inductor's choice of how a combo kernel dispatches its programs (ComboKernel.select_dispatch_strategy in
+# torch/_inductor/codegen/triton_combo_kernel.py). 2.10 has two schemes: round-robin when every sub-kernel
+# is within BLOCK_UTILIZATION of the largest on average (at most 20% of the programs masked out), else
+# sequential. Later releases add a third, SequentialFlattenGridDispatch, used only when
+# config.combo_kernel_per_subkernel_blocks is on (pytorch#172527, after 2.10; off by default in 2.13).
 COMBO_BLOCK_UTILIZATION = 0.8
 COMBO_MAX_NODES_2_10 = 8      # kernels per combo kernel: hard-coded in 2.10's scheduler.py (max_num_nodes = 8)
+_DISPATCH_NAMES = {"RoundRobinDispatch": "round_robin", "SequentialDispatch": "sequential",
+                   "SequentialFlattenGridDispatch": "sequential_flatten"}
 
 
 def combo_groups(numels: Sequence[int], max_nodes: int = COMBO_MAX_NODES_2_10) -> list[list[int]]:
-    """The groups Inductor's default grouping makes of independent kernels in order: chunks of max_nodes."""
+    """The groups Inductor's default grouping makes of independent kernels in order: chunks of max_nodes.
+    (Newer releases can split a group further: combo_kernel_max_distance, a peak-memory gate.)"""
     if max_nodes < 1:
         raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
     numels = list(numels)
@@ -258,7 +315,7 @@ def combo_groups(numels: Sequence[int], max_nodes: int = COMBO_MAX_NODES_2_10) -
 
 
 def combo_dispatch_strategy(numels: Sequence[int], mixed_sizes: bool = True) -> str:
-    """'round_robin' or 'sequential': Inductor's rule, re-implemented.
+    """'round_robin' or 'sequential': Inductor's rule, re-implemented (per-sub-kernel blocks off).
 
     mixed_sizes is True for combo kernels made by combo_kernels=True (the custom partition algorithm) and
     False for foreach kernels (torch._foreach_* ops), with the default combo_kernel_allow_mixed_sizes=1.
@@ -272,18 +329,89 @@ def combo_dispatch_strategy(numels: Sequence[int], mixed_sizes: bool = True) -> 
     return "round_robin" if utilization > COMBO_BLOCK_UTILIZATION else "sequential"
 
 
-def inductor_combo_dispatch_strategy(numels: Sequence[int], mixed_sizes: bool = True) -> str:
+def combo_utilization(numels: Sequence[int]) -> float:
+    """sum(numels) / (max(numels) * len(numels)): the share of a round-robin launch's programs with work."""
+    numels = [abs(int(n)) for n in numels]
+    if not numels or max(numels) == 0:
+        raise ValueError(f"combo_utilization needs at least one non-empty sub-kernel, got {numels}")
+    return sum(numels) / (max(numels) * len(numels))
+
+
+def inductor_combo_dispatch_strategy(numels: Sequence[int], mixed_sizes: bool = True,
+                                     per_subkernel_blocks: bool | None = None) -> str:
     """The same decision, made by the installed Inductor's own ComboKernel.select_dispatch_strategy
-    (called on a stand-in object that holds only the attributes it reads; no GPU or Triton needed)."""
+    (called on a stand-in object that holds only the attributes it reads; no GPU or Triton needed):
+    'round_robin', 'sequential', or 'sequential_flatten' (a torch after 2.10, per-sub-kernel blocks on).
+
+    per_subkernel_blocks=None: as torch.compile's combo kernels get it, from the installed config's
+    combo_kernel_per_subkernel_blocks (False where the option does not exist); foreach kernels
+    (mixed_sizes=False) never use it."""
     from types import SimpleNamespace
 
     from torch._inductor.codegen.triton_combo_kernel import ComboKernel
 
-    stand_in = SimpleNamespace(dispatch_class=None, per_subkernel_blocks=False, mixed_sizes=mixed_sizes,
-                               x_numels_list=[int(n) for n in numels])
+    if per_subkernel_blocks is None:
+        per_subkernel_blocks = mixed_sizes and bool(
+            inductor_options("combo_kernel_per_subkernel_blocks")["combo_kernel_per_subkernel_blocks"])
+    stand_in = SimpleNamespace(dispatch_class=None, per_subkernel_blocks=per_subkernel_blocks,
+                               mixed_sizes=mixed_sizes, x_numels_list=[int(n) for n in numels])
     ComboKernel.select_dispatch_strategy(stand_in)
-    return {"RoundRobinDispatch": "round_robin", "SequentialDispatch": "sequential"}.get(
-        stand_in.dispatch_class.__name__, stand_in.dispatch_class.__name__)
+    name = stand_in.dispatch_class.__name__
+    return _DISPATCH_NAMES.get(name, name)
+
+
+def inductor_dispatch_code(numels: Sequence[int]) -> str:
+    """The program-id dispatch the installed Inductor writes at the top of a combo kernel whose sub-kernels
+    have these (positive, static) x sizes: its own codegen_pid_range, run on a stand-in kernel. Each
+    sub-kernel's body is elided to its `xnumel = ...` line, which Inductor writes there too."""
+    from types import SimpleNamespace
+
+    from torch._inductor.codegen.common import IndentedBuffer
+    from torch._inductor.codegen.triton_combo_kernel import ComboKernel
+
+    numels = [int(n) for n in numels]
+    if not numels or min(numels) < 1:
+        raise ValueError(f"inductor_dispatch_code needs positive sizes, got {numels}")
+    scheme = inductor_combo_dispatch_strategy(numels, per_subkernel_blocks=False)
+    dispatch = ComboKernel.RoundRobinDispatch if scheme == "round_robin" else ComboKernel.SequentialDispatch
+    stand_in = SimpleNamespace(x_numels_list=numels, min_x_blocks_list=[0] * len(numels),
+                               sub_kernels=[None] * len(numels))
+    code = IndentedBuffer()
+    code.writeline("pid = tl.program_id(0)")
+    for num, n in enumerate(numels):
+        dispatch.codegen_pid_range(stand_in, num, code)
+        with code.indent():
+            code.writeline(f"xnumel = {n}")
+            code.writeline(f"...   # sub-kernel {num}: its own code, with pid_offset as its program id")
+    code.writeline("else:")
+    with code.indent():
+        code.writeline("pass")
+    return code.getvalue().rstrip("\n")
+
+
+@dataclass(frozen=True)
+class ComboDispatch:
+    name: str               # the generated Triton kernel
+    scheme: str             # "sequential", "round_robin" or "sequential_flatten", read from its dispatch lines
+    numels: list[int]       # each sub-kernel's static xnumel, in dispatch order
+
+
+_DISPATCH_LINES = (("round_robin", re.compile(r"^\s*if pid % \d+ == 0:", re.M)),
+                   ("sequential", re.compile(r"^\s*if pid < num_xblocks_0:", re.M)),
+                   ("sequential_flatten", re.compile(r"^\s*if pid < num_blocks_0:", re.M)))
+_XNUMEL = re.compile(r"^\s*xnumel = (\d+)\s*$", re.M)
+
+
+def combo_dispatches(code: str) -> list[ComboDispatch]:
+    """The combo kernels (and foreach kernels, which share their code generator) in Inductor output code:
+    for each, the dispatch its program-id lines show and its sub-kernels' sizes."""
+    found = []
+    for name in kernel_functions(code):
+        source = kernel_source(code, name)
+        scheme = next((s for s, pattern in _DISPATCH_LINES if pattern.search(source)), None)
+        if scheme is not None:
+            found.append(ComboDispatch(name, scheme, [int(n) for n in _XNUMEL.findall(source)]))
+    return found
 
 
 def round_robin_grid(numels: Sequence[int], block: int) -> tuple[int, int]:

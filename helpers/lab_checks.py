@@ -16,7 +16,6 @@ whatever name reaches them.
 """
 from __future__ import annotations
 
-import copy
 import importlib
 import inspect
 import os
@@ -27,7 +26,6 @@ import warnings
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from helpers.checks import CheckFailed

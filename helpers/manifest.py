@@ -5,6 +5,10 @@ Each entry: id, kind ("lesson" or "lab"), path, title, learn (one line), minutes
 quick_seconds (measured quick-mode run time on a 2-core CPU), sections (the hardware sections, each
 {"name", "needs"}: the `requires(..., section=name)` calls in the notebook). Every notebook runs on a
 CPU-only machine; sections are what may be skipped.
+
+Optional: "format": "course" marks a notebook in the course format (a core lesson with prediction prompts
+and a "your turn", or its deep dive; tests/test_course_format.py); "deep_dive_of": the id of the core
+lesson a deep dive belongs to.
 """
 from __future__ import annotations
 
@@ -28,7 +32,18 @@ def entries() -> list[dict]:
             raise ValueError(f"manifest entry {item['id']!r}: kind must be 'lesson' or 'lab'")
         for section in item["sections"]:
             check_needs(section["needs"])
+    lessons = {item["id"] for item in items if item["kind"] == "lesson"}
+    for item in items:
+        if "deep_dive_of" in item and item["deep_dive_of"] not in lessons - {item["id"]}:
+            raise ValueError(f"manifest entry {item['id']!r}: deep_dive_of names no other lesson")
+        if item.get("format", "course") != "course":
+            raise ValueError(f"manifest entry {item['id']!r}: format must be 'course' when given")
     return items
+
+
+def deep_dives(core_id: str) -> list[dict]:
+    """The deep-dive notebooks of a core lesson."""
+    return [item for item in entries() if item.get("deep_dive_of") == core_id]
 
 
 def hardware(item: dict) -> str:

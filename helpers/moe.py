@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.bench import compare
-from helpers.checks import check_speedup, fail, passed
+from helpers.checks import fail, passed
 
 GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -35,7 +35,98 @@ def read(path: str | Path) -> nbformat.NotebookNode:
 
 
 def write(nb: nbformat.NotebookNode, path: str | Path) -> None:
+    """Write a notebook, and its percent-format twin when it has one, so the pair never drifts."""
     write_text_atomic(nbformat.writes(nb) + "\n", path)
+    if twin_path(path).exists():
+        write_text_atomic(twin_text(nb), twin_path(path))
+
+
+# Twins: every lesson, deep dive and lab solution has a jupytext percent-format twin beside it
+# (NN_topic.py), the file people edit and review; `python -m helpers notebooks sync` writes the .ipynb
+# learners open from it, keeping the cell ids and the stored outputs of cells whose source is unchanged.
+TWIN_FORMAT = "py:percent"
+TWIN_FILTERS = {"notebook_metadata_filter": "-all", "cell_metadata_filter": "tags,-all"}
+
+
+def twin_path(path: str | Path) -> Path:
+    return Path(path).with_suffix(".py")
+
+
+def twin_text(nb: nbformat.NotebookNode) -> str:
+    import jupytext
+    nb = copy.deepcopy(nb)
+    nb.metadata["jupytext"] = dict(TWIN_FILTERS)
+    return jupytext.writes(nb, fmt=TWIN_FORMAT)
+
+
+def from_twin(text: str, existing: nbformat.NotebookNode | None = None) -> nbformat.NotebookNode:
+    """The notebook a twin describes. A cell whose type and source are unchanged keeps its id and
+    outputs from `existing`; an edited cell in the same place keeps its id and loses its outputs."""
+    import jupytext
+    nb = jupytext.reads(text, fmt=TWIN_FORMAT)
+    old = list(existing.cells) if existing is not None else []
+    unused = {id(c): c for c in old}
+    for cell in nb.cells:
+        match = next((c for c in old if id(c) in unused and c.cell_type == cell.cell_type
+                      and c.source == cell.source), None)
+        if match is not None:
+            cell["id"] = match.get("id", cell.get("id"))
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = match.outputs, match.execution_count
+            del unused[id(match)]
+    taken = {c.get("id") for c in nb.cells}
+    for position, cell in enumerate(nb.cells):       # edited cells: the id of the old cell in their place
+        if position < len(old) and id(old[position]) in unused and old[position].cell_type == cell.cell_type \
+                and old[position].get("id") not in taken:
+            cell["id"] = old[position].get("id")
+            taken.add(cell["id"])
+            del unused[id(old[position])]
+    return normalize(nb)
+
+
+def sync_from_twin(path: str | Path) -> bool:
+    """Rewrite the notebook at `path` from its twin; returns whether the notebook changed."""
+    path = Path(path)
+    existing = read(path) if path.exists() else None
+    nb = from_twin(twin_path(path).read_text(), existing)
+    before = path.read_text() if path.exists() else None
+    write(nb, path)
+    return path.read_text() != before
+
+
+def twin_problem(path: str | Path) -> str | None:
+    """Why a notebook and its twin are out of sync (None when they agree)."""
+    twin = twin_path(path)
+    if not twin.exists():
+        return f"{path} has no twin {twin.name} (python -m helpers notebooks twin {path})"
+    if twin.read_text() != twin_text(read(path)):
+        return (f"{twin} and {Path(path).name} differ: edit the twin, then python -m helpers notebooks sync {twin}")
+    return None
+
+
+# Honest times: a notebook's estimated minutes, from its own cells.
+WORDS_PER_MINUTE = 120
+LINES_PER_MINUTE = 15
+PREDICT_TAG, YOUR_TURN_TAG = "predict", "your-turn"
+MINUTES_PER_PREDICTION = 2
+
+
+def estimated_minutes(nb: nbformat.NotebookNode) -> float:
+    """Words of markdown / 120, plus max(1, lines / 15) for each code cell, plus 2 for each prediction
+    prompt (a code cell tagged `predict`)."""
+    words = sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    return (words / WORDS_PER_MINUTE + sum(max(1.0, len(c.source.splitlines()) / LINES_PER_MINUTE) for c in code)
+            + MINUTES_PER_PREDICTION * sum(PREDICT_TAG in _tags(c) for c in code))
+
+
+CARD_MINUTES = re.compile(r"^\| \*\*Time\*\* \| (\d+) minutes", re.M)
+
+
+def card_minutes(nb: nbformat.NotebookNode) -> int | None:
+    """The minutes the card's "Time" row states."""
+    found = CARD_MINUTES.search(nb.cells[0].source) if nb.cells else None
+    return int(found.group(1)) if found else None
 
 
 def _tags(cell) -> list[str]:
@@ -154,9 +245,11 @@ VERIFIED_ROW = re.compile(r"^(\| \*\*Verified with torch\*\* \| )([^;|]*)(.*\|)$
 
 def verified_versions(matrix: dict, notebook: str) -> str:
     """The environments of a merged matrix (helpers.runner.matrix) where this notebook's quick run
-    and its nbval comparison both passed, as "2.10.0+cu128 (cuda), 2.13.0+cpu (cpu), ..."."""
-    torch_of = {env["name"]: env["torch_version"] for env in matrix["environments"]}
-    passed = [f"{torch_of[r['environment']]} ({r['environment']})" for r in matrix["results"]
+    and its nbval comparison both passed, each with its build and what it ran on, as
+    "2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), ..."."""
+    label = {env["name"]: f"{env['torch_version']} (env {env['name']}" + (f": {env['build']})" if env.get("build") else ")")
+             for env in matrix["environments"]}
+    passed = [label[r["environment"]] for r in matrix["results"]
               if r["notebook"] == notebook and r["status"] == "passed" and r["nbval"] == "passed"]
     return ", ".join(passed)
 

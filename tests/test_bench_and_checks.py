@@ -110,3 +110,12 @@ def test_results_reach_the_figures_log_with_their_section(tmp_path, monkeypatch,
     bench.compare({"b": lambda: None}, repeats=1, min_run_time=0.001, device="cpu")
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(f["section"], list(f["results"])) for f in lines] == [(None, ["a"]), ("On this CPU", ["b"])]
+
+
+def test_your_turn_reports_not_yet_without_stopping_the_lesson(capsys):
+    from helpers.checks import check_equal, your_turn
+    assert your_turn(lambda: check_equal(3, 4, what="the size", hint="try a power of two"), what="the size") is False
+    out = capsys.readouterr().out
+    assert "Not yet." in out and "try a power of two" in out
+    assert your_turn(lambda: check_equal(4, 4, what="the size"), what="the size") is True
+    assert "done" in capsys.readouterr().out

@@ -15,7 +15,6 @@ import inspect
 import json
 import textwrap
 import types
-from pathlib import Path
 
 import pytest
 import torch

@@ -193,8 +193,9 @@ def test_card_lists_the_environments_where_quick_run_and_nbval_passed(tmp_path):
     cuda = write_run(tmp_path / "cuda", [notebook(BASICS), notebook(ATTENTION, "failed")], label="cuda",
                      nbval={BASICS: "failed", ATTENTION: "passed"})
     matrix = merge_runs([cpu, cuda])
-    assert notebooks.verified_versions(matrix, BASICS) == "2.13.0+cpu (cpu)"     # nbval failed on cuda
-    assert notebooks.verified_versions(matrix, ATTENTION) == "2.13.0+cpu (cpu)"  # the run failed on cuda
+    cpu_label = "2.13.0+cpu (env cpu: CUDA 12.8 build on NVIDIA L4)"   # the build, and the GPU it ran on
+    assert notebooks.verified_versions(matrix, BASICS) == cpu_label     # nbval failed on cuda
+    assert notebooks.verified_versions(matrix, ATTENTION) == cpu_label  # the run failed on cuda
     path = tmp_path / "lesson.ipynb"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
         "| | |\n|---|---|\n| **Verified with torch** | 2.9 by hand; sources: release notes |")])
@@ -207,7 +208,7 @@ def test_card_lists_the_environments_where_quick_run_and_nbval_passed(tmp_path):
     finally:
         notebooks.REPO = repo
     card = notebooks.read(path).cells[0].source
-    assert ("| **Verified with torch** | quick run and stored outputs pass on 2.13.0+cpu (cpu) "
+    assert (f"| **Verified with torch** | quick run and stored outputs pass on {cpu_label} "
             "(make matrix, 2026-12-01); sources: release notes |") in card
     path.write_text(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# no card")])))
     with pytest.raises(ValueError, match="no .*Verified with torch"):
@@ -228,3 +229,10 @@ def test_the_gpu_sections_static_check_is_shown_per_environment(tmp_path):
     text = matrix_text(matrix)
     assert "GPU sections static check: 1 passed, 1 failed (test_x[07-cell19])" in text
     assert "GPU sections static check: 1 passed, 1 failed" in matrix_html(matrix)
+
+
+def test_short_build_says_when_a_gpu_build_ran_without_its_gpu():
+    from helpers.runner.matrix import short_build
+    assert short_build(machine(accelerator="cpu")) == "CUDA 12.8 build, no GPU"
+    assert short_build(machine()) == "CUDA 12.8 build on NVIDIA L4"
+    assert short_build(machine(accelerator="cpu", build_accelerator=None, cuda_version=None)) == "CPU build"

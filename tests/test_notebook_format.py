@@ -38,7 +38,7 @@ def test_committed_student_copy_is_up_to_date(item):
     solution = REPO / item["path"]
     student = notebooks.student_path(solution)
     expected = notebooks.student_copy(notebooks.read(solution))
-    assert student.exists(), f"run: python -m helpers labs build"
+    assert student.exists(), "run: python -m helpers labs build"
     actual = notebooks.read(student)
     assert [c.source for c in actual.cells] == [c.source for c in expected.cells], "run: python -m helpers labs build"
     assert all(not c.get("outputs") for c in actual.cells), "student copies carry no outputs"

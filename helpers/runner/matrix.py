@@ -54,6 +54,15 @@ def _build(m: dict) -> str:
     return f"{build}, ran on {ran_on}"
 
 
+def short_build(m: dict) -> str:
+    """What the build targets and whether that GPU was there, for a card: "CUDA build, no GPU"."""
+    build = _build(m).split(",")[0]
+    accelerator = str(m.get("accelerator") or "?")
+    if m.get("build_accelerator") and m["build_accelerator"] != accelerator:
+        return f"{build}, no GPU"
+    return build if accelerator == "cpu" else f"{build} on {m.get('device_name') or accelerator.upper()}"
+
+
 def environment_description(summary: dict) -> str:
     """Torch version and build, the accelerator used, Python, the optional packages and the CPU."""
     m = summary.get("machine") or {}
@@ -175,7 +184,7 @@ def merge_runs(run_dirs: list[str | Path]) -> dict:
             name = f"{base} #{copy}"
         environments.append({"name": name, "description": environment_description(summary),
                              "run_dir": str(run_dir), "torch_version": summary["machine"].get("torch_version"),
-                             "passed": summary.get("passed"), "failed": summary.get("failed"),
+                             "build": short_build(summary["machine"]), "passed": summary.get("passed"), "failed": summary.get("failed"),
                              "total_seconds": summary.get("total_seconds"),
                              "complete": bool(summary.get("complete")),
                              "gpu_sections_check": read_static_check(Path(run_dir) / "gpu_sections.xml")})

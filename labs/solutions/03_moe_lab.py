@@ -1,0 +1,156 @@
+# %% [markdown]
+# # Lab 03 · Mixture-of-experts: token permutation, the fallback loop, and an expert FFN without padding
+#
+# | | |
+# |---|---|
+# | **What you will learn** | to write the MoE token permutation (sort by expert, int32 END offsets) and the regular-GEMM fallback that `grouped_mm` uses on CPU and ROCm; to run the expert feed-forward on each expert's own rows, without padding, and measure it against padded `bmm` on a skewed split |
+# | **Prerequisites** | lesson 03 (grouped GEMM for mixture-of-experts) |
+# | **Hardware** | any CPU; the same code runs on a GPU |
+# | **Time** | 30 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02) |
+#
+# Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the
+# lab's grading spec (`helpers/runner/grading_specs.py`), as `python -m helpers grade` does before its
+# hidden ones: it prints `✅ ... passed`, or stops with `❌` and a hint (wrong offsets, wrong dtype, wrong
+# values, or a call to the function the exercise asks you to write). The timing after exercise 3 is
+# measured and printed, not checked.
+
+# %% tags=["parameters"]
+QUICK = False   # quick mode: small sizes (papermill: -p QUICK True)
+
+# %%
+import torch
+import torch.nn.functional as F
+
+from helpers import bench, moe
+from helpers.checks import check_close
+from helpers.device import pick_device, quick_mode
+from helpers.lab_checks import check
+
+QUICK = quick_mode(QUICK)
+DEVICE = pick_device()
+torch.manual_seed(0)
+
+
+# %% [markdown]
+# ## Exercise 1: token permutation
+#
+# The router gave each of T tokens k expert ids (`expert_ids`, shape `[T, k]`). Write
+# `permute_tokens(x, expert_ids, num_experts)` with tensor operations (a sort, a gather, a count per
+# expert), returning
+#
+# - `xs` `[T*k, d]`: the token rows sorted by expert (row i is token `order[i] // k`),
+# - `order` `[T*k]`: positions in the flattened `expert_ids`, sorted by expert, **stable** (ties keep
+#   their original order: `torch.argsort(..., stable=True)`),
+# - `offs` `[num_experts]`, **int32**: the cumulative END offset of each expert's rows, with an entry
+#   for every expert, also those that got no token.
+
+# %%
+def permute_tokens(x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int):
+    ### BEGIN SOLUTION
+    flat = expert_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    xs = x[order // expert_ids.shape[1]]
+    offs = torch.bincount(flat, minlength=num_experts).cumsum(0).to(torch.int32)
+    return xs, order, offs
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("03_moe_lab", permute_tokens)
+
+
+# %% [markdown]
+# ## Exercise 2: the regular-GEMM fallback
+#
+# Write `fallback_grouped_gemm(xs, w, offs)` as a Python loop with one matmul per expert: rows
+# `offs[e-1]:offs[e]` of `xs` (the first expert starts at row 0) times `w[e]` (`[K, N]`). This is what
+# PyTorch's `_grouped_mm_fallback` does on CPU and, by default in 2.10, on ROCm; write the loop itself,
+# without `F.grouped_mm`. Experts with no rows must work, and the result keeps the input's dtype.
+# Here `offs[-1]` is always the number of rows: every row belongs to an expert. (A capacity-padded
+# buffer has rows past `offs[-1]` that no expert owns; `F.grouped_mm` leaves those output rows
+# uninitialised, so they are never compared.)
+
+# %%
+def fallback_grouped_gemm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    ### BEGIN SOLUTION
+    out = xs.new_empty(xs.shape[0], w.shape[2])
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        torch.mm(xs[start:end], w[e], out=out[start:end])
+        start = end
+    return out
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("03_moe_lab", fallback_grouped_gemm)
+
+
+# %% [markdown]
+# ## Exercise 3: an expert feed-forward without padding
+#
+# Each expert is an MLP: `down(gelu(up(x)))`. Below is a version that pads every expert to the
+# busiest expert's count and runs one `bmm`. With a skewed router most of its work multiplies zeros.
+# Write `expert_ffn(xs, params, offs)` that computes the same result on each expert's own rows only:
+# no padding and no `bmm`. Your fallback from exercise 2 or `F.grouped_mm(xs, w, offs=offs)` (same
+# arguments) does each projection.
+
+# %%
+def expert_ffn_padded(xs, params, offs):
+    return moe.padded_bmm(F.gelu(moe.padded_bmm(xs, params["w_up"], offs)), params["w_down"], offs)
+
+def expert_ffn(xs: torch.Tensor, params: dict, offs: torch.Tensor) -> torch.Tensor:
+    ### BEGIN SOLUTION
+    hidden = F.gelu(F.grouped_mm(xs, params["w_up"], offs=offs))
+    return F.grouped_mm(hidden, params["w_down"], offs=offs)
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("03_moe_lab", expert_ffn)
+
+# %% tags=["nbval-check-output"]
+ROWS, D_MODEL, D_FF, EXPERTS = (1024, 128, 256, 16) if QUICK else (4096, 256, 512, 16)
+skewed = moe.skewed_counts(ROWS, EXPERTS, 2.0)
+offs_s = moe.offsets_from_counts(skewed).to(DEVICE)
+params = moe.make_moe(D_MODEL, D_FF, EXPERTS, device=DEVICE)
+xs_s = torch.randn(ROWS, D_MODEL, device=DEVICE)
+print(f"{EXPERTS} experts, the busiest has {int(skewed.max())} of {ROWS} rows: "
+      f"padding does {EXPERTS * int(skewed.max()) / ROWS:.1f}x the work")
+
+# %% [markdown]
+# ### Measured, not checked: your expert FFN against padded `bmm` on this split
+#
+# Both run in this process, on the same inputs, and the cell prints the ratio; no speed is required.
+# How much skipping the padding wins depends on the machine: in fp32, `grouped_mm` is the fallback
+# loop on CPU, on ROCm by default and on NVIDIA GPUs too (lesson 03: the fused CUTLASS kernel takes
+# bf16), and on a GPU the loop's launch per expert and its host read of `offs` count against it, so the
+# ratio there can be far from the padding factor printed above.
+
+# %%
+# one thread on CPU: multi-threaded timings on a busy machine swing by several times
+r = bench.compare({"padded bmm": lambda: expert_ffn_padded(xs_s, params, offs_s),
+                   "your expert_ffn": lambda: expert_ffn(xs_s, params, offs_s)},
+                  baseline="padded bmm", repeats=3 if QUICK else 5, min_run_time=0.02 if QUICK else 0.1,
+                  threads=1, device=DEVICE)
+print(bench.table(r))
+print(f"your expert_ffn runs at {r['results']['your expert_ffn']['ratio_to_baseline']:.2f}x the speed of "
+      f"padded bmm here (measured, not checked)")
+
+
+# %% [markdown]
+# ## Putting it together
+#
+# Your permutation and expert FFN, with the router and combine step from `helpers.moe`, make a whole MoE
+# layer. It agrees with the library's layer.
+
+# %% tags=["nbval-check-output"]
+def my_moe_layer(x, params, k=2):
+    ids, gates = moe.route(x @ params["router"], k)
+    xs, order, offs = permute_tokens(x, ids, params["w_up"].shape[0])
+    return moe.unpermute(expert_ffn(xs, params, offs), order, gates)
+
+x_layer = torch.randn(300, D_MODEL, device=DEVICE)
+check_close(my_moe_layer(x_layer, params), moe.moe_layer(x_layer, params, k=2, impl="loop"),
+            what="Your MoE layer vs helpers.moe.moe_layer", atol=1e-4, rtol=1e-3)

@@ -1,0 +1,247 @@
+# %% [markdown]
+# # Lab 04 · A C++ custom op, end to end
+#
+# | | |
+# |---|---|
+# | **What you will learn** | write the loop body of a C++ CPU kernel (`silu_mul`, the core of a SwiGLU MLP), register a fake kernel and an autograd formula for it with `torch.library`, pass `torch.library.opcheck`, and use the op in a `torch.compile`d MLP with no graph breaks, and time your kernel against eager PyTorch and `torch.compile` |
+# | **Prerequisites** | lesson 04 (XPU, SYCL and custom ops) |
+# | **Hardware** | any CPU. Exercise 1 and the timing need a C++ compiler and ninja; without them the PyTorch reference stands in for your kernel, the lab says so, and exercises 2-4 still run |
+# | **Time** | 45 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02) |
+#
+# The op is `labs_ext::silu_mul(Tensor gate, Tensor up) -> Tensor`: `out = silu(gate) * up`, with
+# `silu(g) = g / (1 + exp(-g))`. Llama-style models compute it in every feed-forward block:
+# `(silu(x @ W_gate.T) * (x @ W_up.T)) @ W_down.T`. Importing `helpers.ext.lab` defines the op's
+# schema and nothing else: the kernel, the fake kernel and the autograd formula are yours.
+#
+# Each exercise cell is followed by a check cell, `check("04_custom_op_lab", function)`: it runs the
+# exercise's visible cases exactly as the grader does and prints `✅ ... passed` per case, or stops with
+# `❌`, what was wrong, and a hint. The grader adds hidden cases; each exercise says what they test.
+
+# %% tags=["parameters"]
+QUICK = False   # quick mode: compiles with the aot_eager backend instead of Inductor (papermill: -p QUICK True)
+
+# %%
+import torch
+
+from helpers import bench
+from helpers.device import pick_device, quick_mode, requires
+from helpers.ext import lab
+from helpers.lab_checks import check
+
+QUICK = quick_mode(QUICK)
+DEVICE = pick_device()
+torch.manual_seed(0)
+print("the op's schema:", torch.ops.labs_ext.silu_mul.default._schema)
+
+# %% [markdown]
+# ## The C++ template
+#
+# `helpers/ext/silu_mul_cpu_template.cpp` has everything but the loop body: the wrapper checks shapes
+# and dtypes, makes both inputs contiguous, allocates `out`, dispatches on the dtype (`scalar_t` is
+# `float`, `double`, `c10::BFloat16` or `c10::Half`) and splits the elements over threads with
+# `at::parallel_for`, which calls `silu_mul_chunk` once per chunk `[begin, end)`:
+
+# %%
+lines = lab.TEMPLATE.splitlines()
+start = next(i for i, line in enumerate(lines) if "Called by at::parallel_for" in line)
+print("\n".join(lines[start:start + 6]))
+print("  ...")
+first = next(i for i, line in enumerate(lines) if "at::parallel_for(0" in line)
+print("\n".join(lines[first - 4:first + 3]))
+
+
+# %% [markdown]
+# ## Exercise 1: the kernel body
+#
+# Write the statements that go where the `// LAB:` line is: `silu_mul_body()` returns them as a
+# Python string. `at::parallel_for` calls `silu_mul_chunk` once per chunk `[begin, end)` of the flattened
+# tensors, from several threads at once, so each call may touch only its own elements. Compute in
+# `acc_t`, not `float`: it is `float` for bf16 and fp16 (8 or 11 bits of mantissa are too few for the
+# arithmetic) and `double` for `double`. Write `out[i] = silu(gate[i]) * up[i]`, converted back to
+# `scalar_t` once. `std::exp` is available.
+#
+# What is checked: the op's output against `silu(gate) * up` computed in PyTorch, for float32, float64
+# (to 1e-10, which a kernel computing in `float` misses), bfloat16 and float16, on a 1-D, a 2-D and a
+# 3-D shape, and on 4099 elements run with two threads, which `parallel_for` splits into two chunks
+# (where the kernel is built with OpenMP, as on Linux).
+# Hidden cases add an empty tensor, a single element, a larger fp16 matrix and a transposed gate
+# (the wrapper makes it contiguous before your loop sees it).
+#
+# The cell after yours builds the template with your body (cached by a hash of the source: an
+# unchanged body is not rebuilt) and loads it, which registers it as the op's CPU kernel. A compiler
+# error is shown as the compiler's own lines. Changing the body and re-running replaces the kernel;
+# torch prints a warning that it overrides the previous one.
+
+# %%
+def silu_mul_body() -> str:
+    """The C++ statements of silu_mul_chunk's body."""
+    ### BEGIN SOLUTION
+    return r"""
+  for (int64_t i = begin; i < end; ++i) {
+    const acc_t g = static_cast<acc_t>(gate[i]);
+    out[i] = static_cast<scalar_t>(g / (acc_t(1) + std::exp(-g)) * static_cast<acc_t>(up[i]));
+  }
+"""
+    ### END SOLUTION
+
+
+# %%
+HAVE_CXX = requires("cxx", "ninja", section="Build the C++ CPU kernel")
+if HAVE_CXX:
+    built = lab.build_kernel(silu_mul_body())
+    print(f"{built.path.name}: {'loaded from the cache' if built.cached else 'built'} "
+          f"(build took {built.build_s:.1f} s when it ran)")
+else:
+    lab.register_reference_kernel()
+    print("No C++ compiler: the PyTorch reference stands in as the CPU kernel, so exercise 1 is not "
+          "checked here; exercises 2-4 run on the reference.")
+
+# %% tags=["nbval-check-output"]
+if HAVE_CXX:
+    check("04_custom_op_lab", silu_mul_body)
+else:
+    print("Exercise 1: not checked (no C++ compiler here)")
+
+
+# %% [markdown]
+# ## Exercise 2: the fake kernel
+#
+# `torch.compile` traces with fake tensors: they have shapes, dtypes and strides but no data, so the
+# C++ kernel cannot run on them. The fake kernel says what the real one would return, using nothing
+# but the inputs' metadata. Write it so that it
+#
+# 1. rejects what the C++ wrapper rejects, gates and ups of different shapes or different dtypes, with a
+#    `ValueError` (the wrapper's `TORCH_CHECK` lines above), and
+# 2. returns an empty tensor with the real output's shape, dtype **and strides**.
+#
+# The trap is in (2): read the wrapper again. It allocates `out` from `gate.contiguous()`, so for a
+# transposed gate the real output is contiguous, while `torch.empty_like(gate)` copies gate's strides.
+# A fake kernel that disagrees with the real one in strides lets `torch.compile` plan memory for a
+# layout the kernel does not produce.
+#
+# What is checked: your function on meta tensors (shape, strides and dtype of what it returns) for two
+# (3, 5) float32 inputs and for a transposed gate, and that different shapes and different dtypes raise
+# `ValueError`. Hidden cases add a 3-D bfloat16 pair, a permuted 3-D gate and a tensor with no elements.
+
+# %%
+@torch.library.register_fake("labs_ext::silu_mul")
+def silu_mul_fake(gate, up):
+    ### BEGIN SOLUTION
+    if gate.shape != up.shape or gate.dtype != up.dtype:
+        raise ValueError(f"silu_mul: gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} "
+                         f"{up.dtype} must have the same shape and dtype")
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("04_custom_op_lab", silu_mul_fake)
+
+
+# %% [markdown]
+# ## Exercise 3: the autograd formula
+#
+# `setup_context` saves what the backward needs (given); `backward` receives `grad`, the gradient of the
+# loss with respect to `out`, and returns one gradient per input, in the order of the schema:
+# `(grad_gate, grad_up)`. Derive them: with `s = sigmoid(g)`, `out = g * s * up`, and the derivative
+# of the sigmoid is `ds/dg = s * (1 - s)`. Apply the product rule for `gate`; `up` is easier.
+#
+# Write it with elementwise torch operations (they run on every device, and `torch.compile` can trace
+# them). `torch.sigmoid` is fine; `F.silu` and torch's own `silu_backward` / `sigmoid_backward` are
+# not: they are the formula you are asked to write, and the check refuses them.
+#
+# What is checked: your `backward` called directly with saved `(gate, up)` and a random `grad`, against
+# the true gradients in float32. Hidden cases: float64 (to 1e-10: keep the input's dtype), a gate of
+# zeros, and large gates (hundreds): `exp(-g)` overflows float32 for gates below about -88, so build on
+# `torch.sigmoid`, which does not.
+
+# %%
+def setup_context(ctx, inputs, output):
+    gate, up = inputs
+    ctx.save_for_backward(gate, up)
+
+
+def backward(ctx, grad):
+    gate, up = ctx.saved_tensors
+    ### BEGIN SOLUTION
+    s = torch.sigmoid(gate)
+    return grad * up * s * (1 + gate * (1 - s)), grad * gate * s
+    ### END SOLUTION
+
+
+torch.library.register_autograd("labs_ext::silu_mul", backward, setup_context=setup_context)
+
+# %% tags=["nbval-check-output"]
+check("04_custom_op_lab", backward)
+
+# %% [markdown]
+# ## `opcheck`: exercises 1-3 together
+#
+# `torch.library.opcheck` tests the registration as a whole: the kernel does not mutate its inputs
+# (`test_schema`), inputs that require grad reach your formula (`test_autograd_registration`), the
+# fake kernel agrees with the real one (`test_faketensor`), and the op traces through
+# `torch.compile`'s AOT autograd with dynamic shapes (`test_aot_dispatch_dynamic`). Nothing to write:
+# if a test fails, the hint says which exercise to revisit.
+
+# %% tags=["nbval-check-output"]
+lab.check_opcheck()
+
+
+# %% [markdown]
+# ## Exercise 4: SwiGLU under `torch.compile`
+#
+# Write the SwiGLU feed-forward block with your op: `silu_mul(x @ w_gate.T, x @ w_up.T) @ w_down.T`,
+# calling `torch.ops.labs_ext.silu_mul`. Nothing in it may break the graph.
+#
+# What is checked: the values against plain PyTorch, that the op is really called (not `F.silu(...) *
+# ...`), and the function compiled with `fullgraph=True` (the `aot_eager` backend: tracing with your fake
+# kernel and your autograd formula): its output and the gradients of `x` and the three weights. A hidden
+# case repeats the compiled check with other sizes. While these cases run, the PyTorch reference is the
+# op's CPU kernel, so this exercise is graded on its own, whatever exercise 1 gave.
+
+# %%
+def swiglu_mlp(x, w_gate, w_up, w_down):
+    ### BEGIN SOLUTION
+    return torch.ops.labs_ext.silu_mul(x @ w_gate.T, x @ w_up.T) @ w_down.T
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("04_custom_op_lab", swiglu_mlp)
+
+# %% [markdown]
+# ## How fast is your kernel?
+#
+# A custom op is worth its C++ only if it beats what PyTorch already gives. The cell below times three
+# ways to compute `silu(gate) * up` on one large float32 tensor pair, on one thread: eager PyTorch
+# (`F.silu(gate) * up`, two kernels and a temporary), your op, and `torch.compile` of the eager
+# expression (Inductor fuses it into one vectorized loop of its own). It prints what it measured here:
+# the ratios are a measurement of this machine, not checked. Your scalar loop calls `std::exp` once
+# per element; Inductor's loop uses SIMD instructions, so do not be surprised if the compiler wins.
+
+# %%
+if HAVE_CXX:
+    import torch.nn.functional as F
+    n = 1 << (18 if QUICK else 22)
+    gate, up = torch.randn(n), torch.randn(n)
+    compiled = torch.compile(lambda g, u: F.silu(g) * u)
+    result = bench.compare({"eager F.silu(g) * u": lambda: F.silu(gate) * up,
+                            "labs_ext.silu_mul (yours)": lambda: torch.ops.labs_ext.silu_mul(gate, up),
+                            "torch.compile (Inductor)": lambda: compiled(gate, up)},
+                           baseline="eager F.silu(g) * u", repeats=3 if QUICK else 5,
+                           min_run_time=0.02 if QUICK else 0.1, threads=1, device="cpu")
+    print(bench.table(result))
+    ratio = result["results"]["labs_ext.silu_mul (yours)"]["ratio_to_baseline"]
+    print(f"your kernel runs at {ratio:.2f}x the speed of eager PyTorch here (measured, not checked)")
+else:
+    print("No C++ compiler: your kernel was not built, and Inductor needs a compiler too; nothing to time.")
+
+# %% [markdown]
+# ## What you built
+#
+# One op, registered piece by piece: a schema (given), a CPU kernel in C++ (exercise 1), a fake
+# kernel (exercise 2) and an autograd formula (exercise 3), proven by `opcheck`, used inside a
+# compiled model (exercise 4) and timed against eager PyTorch and `torch.compile`. An Intel GPU
+# kernel would be one more file, a `.sycl` source with a `TORCH_LIBRARY_IMPL(labs_ext, XPU, m)` block
+# (lesson 04 shows one for RMSNorm); the fake kernel and the autograd formula would serve it unchanged.

@@ -1,0 +1,211 @@
+# %% [markdown]
+# # Lab 05 · Quantize a model to a size and agreement budget
+#
+# | | |
+# |---|---|
+# | **What you will learn** | to quantize weights per channel to int8 (or fewer bits) by hand, to feed the int8 weight-only kernel the activation dtype of its fast path, and to ship a model at under a third of the fp32 bytes whose predictions agree with the fp32 model's on at least 97% of inputs; its batch-1 speed against fp32 is measured and printed, not a target |
+# | **Prerequisites** | lesson 05 (sections 1-3) |
+# | **Hardware** | any CPU; the same code runs where `torch._weight_int8pack_mm` has a kernel (CUDA, MPS, XPU) |
+# | **Time** | 30 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02) |
+#
+# The model below is a classifier whose output channels have very different scales (as trained
+# networks often do). Your job: store its weights as int8 codes with one scale per row (about a quarter
+# of the fp32 bytes) and keep its predictions. The model has no ground-truth labels: its "accuracy" in
+# this lab is its **agreement with the fp32 model** (the share of inputs where the quantized model's
+# argmax equals fp32's), which is what a quantized deployment must preserve. How much faster it runs
+# at batch 1 depends on the machine (bf16 support, memory bandwidth): the lab measures it against fp32
+# in the same run and prints it; it checks the decision that makes it fast, not a speed.
+#
+# Each exercise is followed by `check(...)`, which runs the grader's visible cases for that exercise and
+# passes or tells you what to fix; `python -m helpers grade` adds hidden cases (other sizes, `bits`, edge cases).
+
+# %% tags=["parameters"]
+QUICK = False   # quick mode: a smaller model (papermill: -p QUICK True)
+
+# %%
+import torch
+import torch.nn as nn
+
+from helpers import quant
+from helpers.device import pick_device, quick_mode
+from helpers.lab_checks import check
+
+QUICK = quick_mode(QUICK)
+DEVICE = pick_device()
+WIDTH = 256 if QUICK else 1024
+torch.manual_seed(0)
+
+class ChannelScale(nn.Module):
+    """Multiplies each channel by a fixed factor (like a normalization layer's weight)."""
+    def __init__(self, factor: torch.Tensor):
+        super().__init__()
+        self.register_buffer("factor", factor)
+
+    def forward(self, x):
+        return x * self.factor
+
+def make_model() -> nn.Module:
+    """A 3-layer classifier. Each hidden layer's output channels are scaled by r (spread over 1000x) and
+    scaled back by 1 / r after the ReLU: the same function, but weight rows that differ by 1000x."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, 4 * WIDTH)]
+    blocks = []
+    with torch.no_grad():
+        for layer in layers:
+            r = torch.logspace(-1.5, 1.5, layer.out_features)[torch.randperm(layer.out_features)]
+            layer.weight.mul_(r[:, None])
+            layer.bias.mul_(r)
+            blocks += [layer, nn.ReLU(), ChannelScale(1 / r)]
+    return nn.Sequential(*blocks, nn.Linear(4 * WIDTH, 4)).eval()
+
+model_fp32 = make_model()
+inputs = torch.randn(2000, WIDTH)
+with torch.no_grad():
+    labels = model_fp32(inputs).argmax(-1)        # no ground truth: the fp32 model's answers are the reference
+print(f"model: {sum(p.numel() for p in model_fp32.parameters()) / 1e6:.1f} M parameters, "
+      f"{quant.model_bytes(model_fp32) / 2**20:.1f} MiB")
+
+
+# %% [markdown]
+# ## Exercise 1: per-channel symmetric weights, `bits` wide
+#
+# Write `quantize_weight(w, bits=8)` for a float weight `w` of shape [N, K], with plain tensor operations
+# (not `quant.quantize_per_channel` or torch's `quantize_per_channel`): one scale per row,
+# `qmax = 2**(bits - 1) - 1` (127 for 8 bits, 7 for 4), `scale = max|w_row| / qmax`, and codes
+# `round(w / scale)` clamped to [-qmax, qmax], stored as `torch.int8` whatever `bits` is (2 to 8).
+# A row of zeros gets scale 0 and codes 0: do not divide 0 by 0 (that gives NaN codes).
+# Return `(q, scales)` with `scales` as fp32 of shape [N].
+
+# %%
+def quantize_weight(w: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    ### BEGIN SOLUTION
+    qmax = 2 ** (bits - 1) - 1
+    scales = w.detach().float().abs().amax(dim=1) / qmax
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))   # a zero row: 0 / 1 = code 0
+    q = torch.clamp(torch.round(w.float() / safe[:, None]), -qmax, qmax).to(torch.int8)
+    return q, scales
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("05_quantization_lab", quantize_weight)
+
+
+# %% [markdown]
+# ## Exercise 2: the int8 linear on its fast path
+#
+# Write `int8_linear(x, q, scales, bias)` with `torch._weight_int8pack_mm(x2d, q, scales)`. The kernel
+# takes a 2-D `x` (rows, in_features) and wants `scales` in `x`'s dtype; `x` may have any number of
+# leading dimensions and `bias` may be `None`. The kernel accepts fp32 or bf16 activations and is
+# correct with both, but lesson 05 measured that only one of them is the path it was written for; the
+# other is a slow loop. That choice is the exercise: the check looks at the dtype your function hands
+# the kernel. Return the result in `x`'s dtype and shape, with the bias added.
+
+# %%
+def int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    ### BEGIN SOLUTION
+    x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+    y = torch._weight_int8pack_mm(x2, q, scales.to(torch.bfloat16)).to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], q.shape[0])
+    ### END SOLUTION
+
+class MyInt8Linear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        q, scales = quantize_weight(linear.weight.detach())
+        self.register_buffer("q", q)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", linear.bias.detach().clone())
+
+    def forward(self, x):
+        return int8_linear(x, self.q, self.scales, self.bias)
+
+
+# %% tags=["nbval-check-output"]
+check("05_quantization_lab", int8_linear)
+
+# %% [markdown]
+# What does the fast path buy on this machine? The cell below times your layer at batch 1 against fp32
+# `nn.Linear` and against the same kernel fed fp32 activations, in this process, and prints the ratios.
+# They are measured, not checked: they depend on the CPU (or GPU) that runs the lab.
+
+# %%
+from helpers.bench import compare
+
+layer0 = model_fp32[0]
+q0, s0 = quantize_weight(layer0.weight.detach())
+slow = quant.Int8WeightOnlyLinear(q0, s0, layer0.bias, path="int8pack_fp32")
+mine = MyInt8Linear(layer0)
+x1 = torch.randn(1, WIDTH)
+with torch.no_grad():
+    r = compare({"fp32 nn.Linear": lambda: layer0(x1), "int8, fp32 activations": lambda: slow(x1),
+                 "yours": lambda: mine(x1)}, baseline="fp32 nn.Linear", repeats=3, min_run_time=0.05, device="cpu")
+for name, entry in r["results"].items():
+    print(f"{name:<24} {entry['median_s'] * 1e6:8.1f} us  {entry['ratio_to_baseline']:5.2f}x the speed of fp32 nn.Linear")
+
+# %% [markdown]
+# ## Exercise 3: ship the model
+#
+# Write `quantize_model(model)`: return a copy of `model` in which every `nn.Linear`, at any depth, is
+# replaced by `MyInt8Linear(linear)`, leaving the model you were given untouched (still fp32, the same
+# modules and weights). Write the walk yourself (not `quant.swap_linears`): `copy.deepcopy` the model,
+# then go through `named_children()` recursively and `setattr` each `nn.Linear` child on its parent.
+# The check counts the `nn.Linear` layers left, compares the original with a copy taken before your call,
+# requires the argmax to agree with fp32's on at least 97% of random inputs, and the model to be more
+# than 3 times smaller.
+
+# %%
+import copy
+
+def quantize_model(model: nn.Module) -> nn.Module:
+    ### BEGIN SOLUTION
+    def swap(module: nn.Module) -> None:
+        for name, child in module.named_children():
+            if type(child) is nn.Linear:
+                setattr(module, name, MyInt8Linear(child))
+            else:
+                swap(child)
+
+    quantized = copy.deepcopy(model)
+    swap(quantized)
+    return quantized
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("05_quantization_lab", quantize_model)
+
+# %% [markdown]
+# Your model on the lab's 2,000 inputs: "accuracy" below is agreement with the fp32 model's argmax (the
+# fp32 model scores 1 by definition), then the size, then the batch-1 speed against fp32, timed in this
+# process. The speed is measured and printed, not checked.
+
+# %%
+model_int8 = quantize_model(model_fp32)
+result = quant.check_deployment(model_int8, model_fp32, inputs, labels, max_drop=0.01, min_speedup=None,
+                                what="Exercise 3: agreement with fp32 within 1% on the 2,000 inputs")
+print(f"{result['reference_bytes'] / result['bytes']:.2f}x smaller, "
+      f"{result['speedup']:.2f}x the speed of fp32 at batch 1 (measured here, not checked)")
+
+# %% [markdown]
+# ## Why per channel? The same model with one scale per tensor
+#
+# Run this to see what the deployment check says when the granularity is too coarse: the rows of this
+# model differ by 1000x, so a single scale per weight rounds the small rows to zero.
+
+# %%
+per_tensor = quantize_model(model_fp32)
+for layer in per_tensor.modules():
+    if isinstance(layer, MyInt8Linear):       # re-quantize each layer's weight with one scale for all rows
+        w = layer.q.float() * layer.scales[:, None]
+        scale = w.abs().max() / 127
+        layer.q = torch.clamp(torch.round(w / scale), -127, 127).to(torch.int8)
+        layer.scales = torch.full_like(layer.scales, scale.item())
+
+try:
+    quant.check_deployment(per_tensor, model_fp32, inputs, labels, min_speedup=None, what="Per-tensor scales")
+except AssertionError as failure:
+    print(failure)

@@ -1,0 +1,185 @@
+# %% [markdown]
+# # Lab 06 · Attention kernels: masks, packing, backends, buckets
+#
+# | | |
+# |---|---|
+# | **What you will learn** | build an SDPA key mask for a padded batch; pack a ragged batch the way `varlen_attn` wants it; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length |
+# | **Prerequisites** | lesson 06 |
+# | **Hardware** | any CPU |
+# | **Time** | 30 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02) |
+#
+# Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the
+# lab's grading spec (`helpers/runner/grading_specs.py`), as `python -m helpers grade` does before its
+# hidden ones: `✅ ... passed`, or `❌` with a hint. The cells after a check show your function at work
+# on this notebook's batch; the timings at the end are measured, not checked.
+
+# %% tags=["parameters"]
+QUICK = False   # quick mode: small sizes (papermill: -p QUICK True)
+LENGTHS = [33, 500, 61, 1024, 12, 700, 90, 256]
+
+# %%
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers import attention
+from helpers.device import pick_device, quick_mode
+from helpers.lab_checks import check, padded_attention_calls
+
+QUICK = quick_mode(QUICK)
+DEVICE = pick_device()
+if QUICK:
+    LENGTHS = [17, 40, 9, 128, 3]
+HEADS, HEAD_DIM = 2, 16
+seqs = attention.random_ragged(LENGTHS, HEADS, HEAD_DIM)     # each (length, heads, head_dim)
+
+
+# %% [markdown]
+# ## Exercise 1: the key mask for a padded batch
+#
+# A batch padded to `max_len` is `(batch, heads, max_len, head_dim)`, zeros after each sequence's
+# length. Write `key_mask(lengths, max_len)` with tensor operations (compare key positions with the
+# lengths): a boolean `attn_mask` that broadcasts to `(batch, heads, max_len, max_len)` and is **True
+# where the key is a real token** (SDPA keeps True positions; `nn.MultiheadAttention`'s
+# `key_padding_mask` means the opposite).
+
+# %%
+def key_mask(lengths: list[int], max_len: int) -> torch.Tensor:
+    ### BEGIN SOLUTION
+    lengths = torch.tensor(lengths)
+    keep = torch.arange(max_len)[None, :] < lengths[:, None]
+    return keep[:, None, None, :]
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("06_attention_lab", key_mask)
+
+# %%
+# your mask in use: one padded SDPA call against each sequence on its own
+padded = nn.utils.rnn.pad_sequence(seqs, batch_first=True).transpose(1, 2)
+out = F.scaled_dot_product_attention(padded, padded, padded, attn_mask=key_mask(LENGTHS, padded.shape[2]))
+mine = [o[:n] for o, n in zip(out.transpose(1, 2), LENGTHS)]
+print(f"padded attention with your mask vs per-sequence attention: max error {attention.max_error(mine, seqs):.1e}")
+
+
+# %% [markdown]
+# ## Exercise 2: pack a ragged batch for `varlen_attn`
+#
+# Write `pack(seqs)` returning `(packed, cu_seq, max_len)`: all tokens concatenated to
+# `(total_tokens, heads, head_dim)`, the cumulative offsets `[0, n0, n0+n1, ...]` as **int32** (the
+# flash kernel's type), and the longest length as a Python int.
+
+# %%
+def pack(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    ### BEGIN SOLUTION
+    lengths = torch.tensor([s.shape[0] for s in seqs])
+    cu_seq = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu_seq[1:] = lengths.cumsum(0)
+    return torch.cat(seqs), cu_seq, int(lengths.max())
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("06_attention_lab", pack)
+
+# %% tags=["nbval-check-output"]
+# your packing in use: varlen_attn accepts it (on the meta device: shapes only, no GPU needed)
+from torch.nn.attention.varlen import varlen_attn
+
+packed, cu_seq, max_len = pack(seqs)
+meta = packed.to("meta", torch.bfloat16)
+out = varlen_attn(meta, meta, meta, cu_seq.to("meta"), cu_seq.to("meta"), max_len, max_len)
+print(f"varlen_attn on your packing: {tuple(packed.shape)} in, {tuple(out.shape)} out, "
+      f"cu_seq {cu_seq.tolist()}, max_len {max_len}")
+
+# %% [markdown]
+# ## Exercise 3: which kernel ran?
+#
+# Write a `TorchDispatchMode` that records `func.name()` for every aten op dispatched inside it, run
+# `F.scaled_dot_product_attention(q, k, v, **kwargs)` inside it, and return the recorded names.
+# `attention.backend_from_ops(names)` then names the backend: a fused backend is one op of its own,
+# `MATH` shows up as ordinary ops (`bmm`, `_safe_softmax`).
+
+# %%
+from torch.utils._python_dispatch import TorchDispatchMode
+
+def ops_dispatched(q, k, v, **kwargs) -> list[str]:
+    ### BEGIN SOLUTION
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.name())
+            return func(*args, **(kwargs or {}))
+
+    with Record() as rec:
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return rec.names
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("06_attention_lab", ops_dispatched)
+
+# %%
+# your recorder in use: the backend SDPA chose on this machine, by default and with dropout
+x = torch.randn(1, 2, 32, 16)
+for kwargs in ({}, {"dropout_p": 0.2}):
+    print(f"{kwargs or 'defaults'}: {attention.backend_from_ops(ops_dispatched(x, x, x, **kwargs))}")
+
+
+# %% [markdown]
+# ## Exercise 4: bucket by length
+#
+# Padding everything to the longest sequence wastes most of the score matrix when lengths are uneven.
+# Write `bucketed_attention(seqs, n_buckets)`: sort the sequences by length, split the sorted list into
+# exactly `n_buckets` runs of consecutive lengths (fewer only when there are fewer sequences than
+# buckets: skip empty ones; `torch.chunk` can return fewer chunks than asked for, `tensor_split` does
+# not), call `attention.padded_attention` once per bucket, and return the outputs **in the original
+# order**. The check sees your buckets by recording the lengths of each `attention.padded_attention`
+# call your function makes.
+
+# %%
+def bucketed_attention(seqs: list[torch.Tensor], n_buckets: int) -> list[torch.Tensor]:
+    ### BEGIN SOLUTION
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
+    outs: list[torch.Tensor | None] = [None] * len(seqs)
+    for bucket in torch.tensor(order).tensor_split(n_buckets):
+        idx = bucket.tolist()
+        if not idx:
+            continue
+        for i, o in zip(idx, attention.padded_attention([seqs[i] for i in idx])):
+            outs[i] = o
+    return outs
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("06_attention_lab", bucketed_attention)
+
+# %% tags=["nbval-check-output"]
+# your buckets on this batch, recorded the way the check records them: the lengths of each
+# attention.padded_attention call, and the share of their score entries spent on padding
+buckets = [b for b in padded_attention_calls(bucketed_attention, seqs, 2) if b]
+scores = lambda b: len(b) * max(b) ** 2      # the score entries of one padded call
+print(f"lengths per padded_attention call: {buckets}")
+if buckets:
+    waste = sum(attention.wasted_fraction(b) * scores(b) for b in buckets) / sum(scores(b) for b in buckets)
+    print(f"padding share of the scores: one padded batch {attention.wasted_fraction(LENGTHS):.0%}, "
+          f"your {len(buckets)} buckets {waste:.0%}")
+
+# %% [markdown]
+# ## Measure (not checked): one padded batch vs buckets vs jagged
+
+# %%
+from helpers import bench
+
+r = bench.compare({"one padded batch": lambda: attention.padded_attention(seqs),
+                   "2 buckets": lambda: bucketed_attention(seqs, 2),
+                   "jagged nested": lambda: attention.jagged_attention(seqs)},
+                  repeats=3, min_run_time=0.01 if QUICK else 0.1, device="cpu")
+print(bench.table(r))

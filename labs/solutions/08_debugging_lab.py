@@ -1,0 +1,160 @@
+# %% [markdown]
+# # Lab 08 · Debugging: find the divergence, fix the NaN, stop the recompiles, leave TorchScript
+#
+# | | |
+# |---|---|
+# | **What you will learn** | compare two DebugMode hash traces yourself; write a normalisation whose gradient has no NaN at zero (checked with anomaly mode); make a compiled function accept every batch size from 1 to 512 without recompiling (and see why `mark_dynamic` cannot); replace `torch.jit.trace` + `save` with a `torch.export` program that takes any batch size |
+# | **Prerequisites** | lesson 08 |
+# | **Hardware** | any CPU |
+# | **Time** | 30 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02) |
+#
+# Each exercise cell is followed by a check cell: `check(LAB, function)` runs the cases the grader's
+# visible checks run (`python -m helpers grade` adds hidden ones) and prints `✅ ... passed`, or stops with `❌` and a hint.
+
+# %% tags=["parameters"]
+QUICK = False   # quick mode (papermill: -p QUICK True)
+
+# %%
+import copy
+
+import torch
+from torch import nn
+
+from helpers import debugging
+from helpers.device import pick_device, quick_mode
+from helpers.lab_checks import check
+
+QUICK = quick_mode(QUICK)
+DEVICE = pick_device()
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+x = torch.randn(8, 16)
+
+
+# %% [markdown]
+# ## Exercise 1: where do two runs start to differ?
+#
+# A trace is a list of `(op_name, hashes)` pairs, `hashes` a tuple of floats (from
+# `debugging.hash_trace`). Return the index of the first pair whose hashes differ by a relative amount
+# larger than `rtol` (relative to the larger magnitude), or `None`. Raise `ValueError` if the op names
+# of the two traces differ.
+
+# %%
+def first_difference(a: list, b: list, rtol: float = 0.0) -> int | None:
+    ### BEGIN SOLUTION
+    if [n for n, _ in a] != [n for n, _ in b]:
+        raise ValueError("the traces dispatched different ops")
+    for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
+        if any(abs(p - q) > rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
+            return i
+    return None
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("08_debugging_lab", first_difference)
+
+bad = copy.deepcopy(net)
+with torch.no_grad():
+    bad[4].weight.mul_(1 + 1e-4)                      # the last layer, slightly off
+good_trace, bad_trace = debugging.hash_trace(net, x), debugging.hash_trace(bad, x)
+i = first_difference(good_trace, bad_trace)
+print(f"on the real traces of this net: the runs first differ at op {i} of {len(good_trace)}, {bad_trace[i][0]}")
+
+
+# %% [markdown]
+# ## Exercise 2: a normalisation without NaN gradients
+#
+# `v / v.norm()` gives NaN gradients when `v` is all zeros. Write `safe_normalize(v, eps)` that
+# normalises the last dimension, equals `torch.nn.functional.normalize(v, dim=-1, eps=eps)` and has
+# finite gradients everywhere, including at zero.
+
+# %%
+def safe_normalize(v: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    ### BEGIN SOLUTION
+    return v / torch.linalg.vector_norm(v, dim=-1, keepdim=True).clamp_min(eps)
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("08_debugging_lab", safe_normalize)
+
+
+# %% [markdown]
+# ## Exercise 3: stop the recompiles, batch 1 included
+#
+# `step` is compiled; every batch has a different size, from 1 to 512. Write `prepare(batch)` that
+# marks dimension 0 so that `step` compiles once and never recompiles, whatever the sizes and their
+# order, and returns the batch.
+#
+# The obvious answer is not enough. `torch._dynamo.mark_dynamic(batch, 0, min=1, max=512)` works until
+# a batch of 1 arrives: Dynamo specialises sizes 0 and 1 (a size-1 dimension broadcasts, so the graph
+# for 1 is a different program), and a dimension you declared dynamic that gets specialised is an error:
+#
+# ```
+# ConstraintViolationError: Constraints violated (L['b'].size()[0])! ...
+#   - You marked L['b'].size()[0] as dynamic but your code specialized it to be a constant (1).
+#     If you're using mark_dynamic, either remove it or use maybe_mark_dynamic. ...
+# ```
+#
+# `maybe_mark_dynamic` (or `mark_dynamic` without bounds) avoids the error but recompiles for the batch
+# of 1. Find the marking in `torch._dynamo.decorators` that makes the size a symbol for every value, 0
+# and 1 included (lesson 08 shows it), and use it. The cell after the check runs the three markings.
+
+# %%
+def prepare(batch: torch.Tensor) -> torch.Tensor:
+    ### BEGIN SOLUTION
+    torch._dynamo.decorators.mark_unbacked(batch, 0)
+    return batch
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("08_debugging_lab", prepare)
+
+# %%
+import logging
+
+from helpers.lab_checks import recompiles
+
+def bounded(batch):
+    torch._dynamo.mark_dynamic(batch, 0, min=1, max=512)
+    return batch
+
+def maybe(batch):
+    torch._dynamo.maybe_mark_dynamic(batch, 0)
+    return batch
+
+logging.getLogger("torch._guards").setLevel(logging.CRITICAL)    # the failing guard is logged at length
+for name, mark in (("mark_dynamic(min=1, max=512)", bounded), ("maybe_mark_dynamic", maybe), ("yours", prepare)):
+    try:
+        print(f"{name:30} sizes 8, 1, 512, 2: {recompiles(mark, (8, 1, 512, 2))} recompiles")
+    except Exception as error:
+        print(f"{name:30} sizes 8, 1, 512, 2: {type(error).__name__}: {str(error).splitlines()[0]}")
+
+
+# %% [markdown]
+# ## Exercise 4: leave TorchScript
+#
+# Replace `torch.jit.trace` + `torch.jit.save` + `torch.jit.load` with `torch.export`: export `module`
+# with `example`, save it to `path` (a `.pt2` file), load it back, and return a callable module that
+# accepts **any batch size from 1 to 512**, not only the example's.
+#
+# By default `torch.export` specialises every dimension to the example's size, and the loaded program
+# refuses other sizes (`AssertionError: Guard failed: input.size()[0] == 8`); `torch.jit.trace` had the
+# same limit without saying so. Declare the batch dimension with `dynamic_shapes` and a
+# `torch.export.Dim`.
+
+# %%
+def export_and_reload(module: nn.Module, example: torch.Tensor, path: str):
+    ### BEGIN SOLUTION
+    batch = torch.export.Dim("batch", min=1, max=512)
+    program = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
+    torch.export.save(program, path)
+    return torch.export.load(path).module()
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("08_debugging_lab", export_and_reload)
