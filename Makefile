@@ -68,7 +68,8 @@ free-threaded:
 	rm -rf runs/matrix/free-threaded
 	$(if $(wildcard .venv/bin/python),LABS_OTHER_PYTHON=$(CURDIR)/.venv/bin/python) \
 	  .venv-free-threaded/bin/python -m helpers run --label free-threaded --workers 1 --out runs/matrix/free-threaded \
-	  --no-progress notebooks/01_free_threaded_data_loading.ipynb labs/solutions/01_data_loading_lab.ipynb
+	  --no-progress notebooks/01_free_threaded_data_loading.ipynb notebooks/01_free_threaded_data_loading_deep_dive.ipynb \
+	  labs/solutions/01_data_loading_lab.ipynb
 	.venv-free-threaded/bin/python -c "import json, sys; r = json.load(open('runs/matrix/free-threaded/record.json')); \
 	  ran = [s['ran'] for n in r['notebooks'] for s in n['sections'] if s['section'] == '$(FT_SECTION)']; \
 	  sys.exit(0 if ran == [True] else 'section \'$(FT_SECTION)\' did not run: ' + repr(ran))"

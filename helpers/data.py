@@ -431,6 +431,41 @@ def loader_memory(fn, items, workers: int, start_methods: Iterable[str] = ("fork
     return out
 
 
+class _Chunks(torch.utils.data.Dataset):
+    """Item i sums the i-th of `chunks` slices of `values` (a list of Python floats or a tensor)."""
+
+    def __init__(self, values, chunks: int):
+        self.values, self.chunks = values, chunks
+
+    def __len__(self) -> int:
+        return self.chunks
+
+    def __getitem__(self, i):
+        n = len(self.values) // self.chunks
+        part = self.values[i * n:(i + 1) * n]
+        return float(sum(part)) if isinstance(part, list) else float(part.sum())
+
+
+def copy_on_access(n_values: int, *, chunks: int = 16) -> dict[str, float]:
+    """MB (PSS, see memory_measure) that one forked DataLoader worker adds once it has read every value of a
+    dataset, measured after the epoch while the worker is still alive: values held as a list of Python
+    floats, and as one float64 tensor. Reading a Python object writes its reference count, so the worker
+    copies each page of the list it reads; a tensor's elements carry no reference counts
+    (pytorch/pytorch#13246). The tensor's figure is what any forked worker adds."""
+    def one_epoch(values) -> float:
+        loader = torch.utils.data.DataLoader(_Chunks(values, chunks), batch_size=None, num_workers=1,
+                                             multiprocessing_context="fork", persistent_workers=True)
+        before = tree_pss_mb()
+        try:
+            count(loader)
+            return tree_pss_mb() - before
+        finally:
+            shutdown([loader])
+
+    return {"list of Python floats": one_epoch([float(i) for i in range(n_values)]),
+            "float64 tensor": one_epoch(torch.arange(n_values, dtype=torch.float64))}
+
+
 # --- The same benchmark in another interpreter -------------------------------------------------
 
 def interpreter_benchmark(n_texts: int = 32, words: int = 300, workers: int = 2, repeats: int = 3) -> dict:

@@ -360,10 +360,11 @@ def inductor_combo_dispatch_strategy(numels: Sequence[int], mixed_sizes: bool = 
     return _DISPATCH_NAMES.get(name, name)
 
 
-def inductor_dispatch_code(numels: Sequence[int]) -> str:
+def inductor_dispatch_code(numels: Sequence[int], show: int | None = None) -> str:
     """The program-id dispatch the installed Inductor writes at the top of a combo kernel whose sub-kernels
     have these (positive, static) x sizes: its own codegen_pid_range, run on a stand-in kernel. Each
-    sub-kernel's body is elided to its `xnumel = ...` line, which Inductor writes there too."""
+    sub-kernel's body is elided to its `xnumel = ...` line, which Inductor writes there too.
+    show: write the branches of only the first `show` sub-kernels (the rest become one comment line)."""
     from types import SimpleNamespace
 
     from torch._inductor.codegen.common import IndentedBuffer
@@ -378,11 +379,14 @@ def inductor_dispatch_code(numels: Sequence[int]) -> str:
                                sub_kernels=[None] * len(numels))
     code = IndentedBuffer()
     code.writeline("pid = tl.program_id(0)")
-    for num, n in enumerate(numels):
+    shown = len(numels) if show is None else max(1, min(show, len(numels)))
+    for num, n in enumerate(numels[:shown]):
         dispatch.codegen_pid_range(stand_in, num, code)
         with code.indent():
             code.writeline(f"xnumel = {n}")
             code.writeline(f"...   # sub-kernel {num}: its own code, with pid_offset as its program id")
+    if shown < len(numels):
+        code.writeline(f"# ... the same for sub-kernels {shown} to {len(numels) - 1}")
     code.writeline("else:")
     with code.indent():
         code.writeline("pass")
@@ -399,18 +403,22 @@ class ComboDispatch:
 _DISPATCH_LINES = (("round_robin", re.compile(r"^\s*if pid % \d+ == 0:", re.M)),
                    ("sequential", re.compile(r"^\s*if pid < num_xblocks_0:", re.M)),
                    ("sequential_flatten", re.compile(r"^\s*if pid < num_blocks_0:", re.M)))
+_BRANCH = re.compile(r"^\s*(?:if|elif) pid (?:%|<) .*$", re.M)    # one per sub-kernel
 _XNUMEL = re.compile(r"^\s*xnumel = (\d+)\s*$", re.M)
 
 
 def combo_dispatches(code: str) -> list[ComboDispatch]:
     """The combo kernels (and foreach kernels, which share their code generator) in Inductor output code:
-    for each, the dispatch its program-id lines show and its sub-kernels' sizes."""
+    for each, the dispatch its program-id lines show and its sub-kernels' sizes (the first `xnumel = N`
+    Inductor writes in each sub-kernel's branch; a dynamic size has none and is left out)."""
     found = []
     for name in kernel_functions(code):
         source = kernel_source(code, name)
         scheme = next((s for s, pattern in _DISPATCH_LINES if pattern.search(source)), None)
         if scheme is not None:
-            found.append(ComboDispatch(name, scheme, [int(n) for n in _XNUMEL.findall(source)]))
+            branches = _BRANCH.split(source)[1:]
+            numels = [int(m.group(1)) for m in (_XNUMEL.search(b) for b in branches) if m]
+            found.append(ComboDispatch(name, scheme, numels))
     return found
 
 

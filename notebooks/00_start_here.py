@@ -101,7 +101,7 @@ import ipywidgets as widgets
 
 from helpers.interactive import interact
 
-interact(lambda log2_size: print(f"2^{log2_size}: {foreach_speedup(log2_size):.1f}x"),
+interact(lambda log2_size: print(f"2^{log2_size} floats per tensor: {foreach_speedup(log2_size):.1f}x"),
          log2_size=widgets.IntSlider(value=8, min=4, max=18, step=2));
 log2_size = 4
 

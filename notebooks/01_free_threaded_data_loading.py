@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; `torch.utils.data.DataLoader` and `Dataset` |
 # | **Hardware** | any CPU; more cores show more scaling. The free-threaded sections need a free-threaded CPython (3.13t/3.14t, `environments/free-threaded.txt`, `make free-threaded`); elsewhere the lesson shows a recorded run of them |
 # | **Time** | 40 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (cuda), 2.13.0+cpu (minimal), 2.14.1+cu130 (latest) (make matrix, 2026-12-02); the 2.10 facts are checked against its source and release notes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02); the 2.10 facts are checked against its source and release notes |
 #
 # PyTorch 2.10 supports Python 3.10-3.14 and ships experimental free-threaded builds (3.13t, 3.14t): a
 # Python without the global interpreter lock (GIL). `DataLoader` did not change: its `num_workers` are still
@@ -89,7 +89,7 @@ print("thread_map gives the serial result, in order")
 #   torchdata is installed.
 # - **processes, per sample**: `DataLoader(num_workers=k, batch_size=None)`. Every item crosses the
 #   process boundary on its own: a list of token ids is pickled through a pipe, a tensor is moved into its
-#   own shared-memory block whose file descriptor is passed over (`torch/multiprocessing/reductions.py`).
+#   own shared-memory block, which the main process then maps (`torch/multiprocessing/reductions.py`).
 # - **processes, batched**: `DataLoader(num_workers=k, batch_size=BATCH)`, as real training loaders run.
 #   The worker collates the batch into one tensor before sending it; `default_collate` even allocates the
 #   stacked batch in shared memory when it runs in a worker (`torch/utils/data/_utils/collate.py`).
@@ -173,10 +173,11 @@ tok, aug = (results[f] for f in families)
 tok_threads = data.speedup(tok, "threads", K)
 tok_processes = max(data.speedup(tok, name, K) for name in ("processes, per sample", "processes, batched"))
 reveal(threads_guess, "yes, clearly (1.3x or more)" if tok_threads >= 1.3 else "no: about serial speed, or slower",
-       why=f"{K} threads ran tokenize at {tok_threads:.2f}x serial with the GIL {'on' if gil_on else 'off'}: "
-           + ("one thread at a time runs bytecode, so they take turns. " if gil_on else
-              "without a GIL the threads run bytecode in parallel. ")
-           + f"The best process loader reached {tok_processes:.2f}x: its own interpreters run in parallel, "
+       why=f"{K} threads ran tokenize at {tok_threads:.2f}x serial with the GIL {'on' if gil_on else 'off'}. "
+           + ("With the GIL one thread at a time runs bytecode, so threads add no compute: what differs from 1x "
+              "is switching cost and how the OS schedules a busy machine. " if gil_on else
+              "Without a GIL the threads run bytecode in parallel. ")
+           + f"The best process loader reached {tok_processes:.2f}x: separate interpreters run in parallel, "
            f"minus what sending the items back costs.")
 
 # %% tags=["reveal"]
@@ -188,11 +189,13 @@ reveal(augment_guess, aug_threads, tolerance=1.5,
 
 # %% tags=["reveal"]
 per_sample, batched = (data.items_per_s(tok, name)[-1] for name in ("processes, per sample", "processes, batched"))
-aug_gain = data.items_per_s(aug, "processes, batched")[-1] / data.items_per_s(aug, "processes, per sample")[-1]
+n_batches = -(-len(texts) // BATCH)
 reveal(batched_guess, batched / per_sample,
        why=f"per sample, each of the {len(texts)} token lists is pickled and sent on its own; batched, "
-           f"{-(-len(texts) // BATCH)} tensors make the trip. On augment_image, where computing dominates, "
-           f"batching gave {aug_gain:.2f}x.")
+           f"{n_batches} tensors make the trip, and the workers pay for padding them. "
+           + ("That saving won here." if batched > per_sample else
+              f"Here it did not: {n_batches} batches for {K} workers split a short epoch into a few large "
+              "pieces that finish unevenly. Raise N_ITEMS and run again."))
 
 # %% [markdown]
 # ## What the GIL decides, and the free-threaded build
@@ -306,7 +309,7 @@ def per_item_randomness():
     serial = [noisy(x, i) for i, x in enumerate(small)]
     backwards = [noisy(x, i) for i, x in reversed(list(enumerate(small)))][::-1]
     threaded = list(data.thread_map(lambda pair: noisy(pair[1], pair[0]), enumerate(small), workers=4))
-    hint = "seed a generator per item: rng = torch.Generator().manual_seed(index)"
+    hint = "an item's random numbers must depend on that item alone, not on which thread draws first or when"
     check_equal(differing(backwards, serial), 0, what="items that change when computed in reverse order", hint=hint)
     check_equal(differing(threaded, serial), 0, what="items that differ between 4 threads and serial", hint=hint)
 

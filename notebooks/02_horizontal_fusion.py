@@ -3,189 +3,190 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | how `torch.compile` turns many small operations into few generated kernels; vertical fusion (a chain) vs horizontal fusion (independent ops); how to read Inductor's generated code and count its kernels; the production horizontal fusion: `torch.optim`'s foreach step and a compiled `optimizer.step`, timed beside a hand-written step; what `combo_kernels` really does (GPU/Triton only, off by default, experimental); the two ways a combo kernel dispatches work by program id (sequential and round-robin), which one Inductor picks and why, in hand-written Triton kernels; what CUDA graphs remove that fusion does not |
-# | **Prerequisites** | lesson 00; basic `torch.compile`; reading a little C++ or Triton helps |
-# | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend generates C++ and compiles it; the hand-written Triton kernels run under Triton's interpreter when Triton is installed). On an NVIDIA/AMD/Intel GPU with Triton, three more sections run: the kernel's speed, and Inductor's combo kernels on and off |
-# | **Time** | 35 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02); the config names and the dispatch rule were read in the 2.10.0 and 2.13.0 wheels (`torch/_inductor/config.py`, `torch/_inductor/codegen/triton_combo_kernel.py`), and a cell prints them from the torch you run; combo kernels came in 2.5: foreach cases in pytorch#124969, the automatic horizontal fusion that `combo_kernels=True` turns on in #131675 (relanded as #133291) |
+# | **What you will learn** | why many small operations are slow; vertical vs horizontal fusion, read with Inductor's own tools (`TORCH_LOGS`, `TORCH_COMPILE_DEBUG`, `torch.profiler`); the production case: `_foreach_` and a compiled `optimizer.step`; what `combo_kernels` does (GPU only, off by default) and which of its two dispatch schemes Inductor picks |
+# | **Prerequisites** | lesson 00; basic `torch.compile` |
+# | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend compiles C++). With Triton on an NVIDIA/AMD/Intel GPU, one more section runs: Inductor's combo kernels, off vs on |
+# | **Time** | 41 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02); the config names and the dispatch rule were read in the 2.10.0 and 2.13.0 wheels (`torch/_inductor/config.py`, `torch/_inductor/codegen/triton_combo_kernel.py`), and cells print them from the torch you run; combo kernels came in 2.5: foreach cases in pytorch#124969, the automatic horizontal fusion that `combo_kernels=True` turns on in #131675 (relanded as #133291) |
 #
-# Card → parameters → device → idea → code → check → measure → plot → what the numbers mean →
-# other hardware → pitfalls.
+# The story: many small ops cost a trip each → fusion removes trips (vertical and horizontal) → the
+# optimizer step, where it matters most → combo kernels, horizontal fusion of GPU launches.
 
 # %% tags=["parameters"]
 QUICK = False          # quick mode: small sizes, for CI and a first look (papermill: -p QUICK True)
-N_TENSORS = 30         # tensors in the optimizer-style update
+N_TENSORS = 30         # tensors in the optimizer step
 BASE_SIZE = 1024       # elements of the first tensor; tensor i has BASE_SIZE + 37*i
-SWEEP_COUNTS = [1, 4, 16, 64]   # numbers of tiny ops in the launch-overhead sweep
-THREADS = 1            # CPU threads for everything compiled and timed here (see "Pitfalls" for why)
+THREADS = 1            # CPU threads for everything compiled and timed here
 
 # %%
-import os
+import contextlib
+import io
+import tempfile
 
-import plotly.graph_objects as go
 import torch
 
 from helpers import bench, fusion
-from helpers.device import capabilities, pick_device, quick_mode, requires
+from helpers.device import pick_device, quick_mode, requires
+from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
 torch.set_num_threads(THREADS)   # before any compile: the thread count is part of what Dynamo guards
-if DEVICE.type == "cpu":   # Triton's interpreter for the hand-written kernel; see its section
-    os.environ["TRITON_INTERPRET"] = "1"
 if QUICK:
-    N_TENSORS, BASE_SIZE, SWEEP_COUNTS = 6, 256, [1, 16]
+    N_TENSORS, BASE_SIZE = 6, 256
 REPEATS, MIN_RUN_S = (3, 0.05) if QUICK else (7, 0.2)   # timing repeats, seconds per repeat
 torch.manual_seed(0)
 print(f"torch {torch.__version__} · device: {DEVICE} · quick mode: {QUICK} · CPU threads: {THREADS}")
 
 
-# %% [markdown]
-# ## The idea: where the time of a small operation goes
-#
-# In eager mode every operation is a separate trip: Python → dispatcher → kernel (on a GPU, a kernel
-# *launch*). For a tensor of a few thousand elements the arithmetic takes far less than the trip, so
-# a model with many small tensors (an optimizer step over every parameter, a norm layer, a loss with
-# several terms) is bound by **overhead per operation**, not by compute or memory.
-#
-# `torch.compile` removes trips by *fusing*:
-#
-# ```
-#  your Python function
-#        │  Dynamo: captures the tensor operations as an FX graph (plus guards that decide reuse)
-#        ▼
-#  FX graph ── AOTAutograd: functional ATen ops (in-place updates become explicit copies)
-#        │
-#        ▼  Inductor lowering: each op becomes a loop body ("node")
-#  scheduler ── vertical fusion:   a → b → c      (b reads what a wrote)  → one loop
-#        │      horizontal fusion: a   b   c      (independent)           → one kernel or one function
-#        │      combo kernels (GPU, opt-in): independent Triton kernels   → one launch
-#        ▼
-#  generated code: C++/OpenMP functions `cpp_fused_*` (CPU) or Triton kernels `triton_*` (GPU),
-#                  called from one Python wrapper `call(args)`
-# ```
-#
-# `fusion.inspect_compiled(fn, *args)` compiles a function, runs it once and returns what Inductor
-# generated (via `torch._inductor.utils.run_and_get_code`), the kernel functions the wrapper calls,
-# and `torch._inductor.metrics.generated_kernel_count` (`loop_kernels`).
-
-# %% [markdown]
-# ## Vertical vs horizontal fusion in generated code
-#
-# Two tiny functions: a **chain** of four multiplications (each reads the previous result), and two
-# **independent** operations on two tensors.
-
-# %%
-def two_independent(a, b):
-    return a.sin(), b.cos()
-
-x = torch.randn(4096, device=DEVICE)
-a, b = torch.randn(4096, device=DEVICE), torch.randn(4096, device=DEVICE)
-chain = fusion.inspect_compiled(fusion.chain_ops, x, 4)
-indep = fusion.inspect_compiled(two_independent, a, b)
-for name, info in (("chain of 4", chain), ("2 independent", indep)):
-    print(f"{name:>14}: kernel functions {info.kernel_functions} · loop kernels {info.loop_kernels} "
-          f"· first call (compile included) {info.compile_s:.1f} s")
-print("\nwhat the wrapper calls for the independent pair:")
-print("\n".join(fusion.wrapper_calls(indep.code)))
-
-# %% [markdown]
-# The first compile in a fresh environment is by far the slowest (compare the "first call" times above
-# with a second run of this notebook). Inductor keeps what it builds in an on-disk cache
-# (`TORCHINDUCTOR_CACHE_DIR`), so later compiles, and later runs of this notebook, are faster.
-#
-# ## Check: same results, and the fusion we expect on this backend
-#
-# Compiled results must equal eager ones. On the CPU, Inductor's C++ backend puts consecutive loop
-# nests into **one** `cpp_fused_*` function (one call, one OpenMP parallel region); it starts a new
-# function only at a library call (a matmul, say) or past `CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM`
-# kernel arguments. Independent nodes that read the *same* buffer can even
-# share one loop (`a.sin(), a.cos()` becomes one loop; at most
-# `torch._inductor.config.cpp.max_horizontal_fusion_size` nodes per loop; both limits are printed from
-# your torch in the `combo_kernels` section); nodes with nothing in
-# common, like our pair, stay two loops inside one function. So on CPU both functions become one
-# `cpp_fused_*` function; `loop_kernels` counts the loop nests inside.
-
-# %% tags=["nbval-check-output"]
-torch.testing.assert_close(chain.result, fusion.chain_ops(x, 4))
-for got, want in zip(indep.result, two_independent(a, b)):
-    torch.testing.assert_close(got, want)
-if DEVICE.type == "cpu":
-    assert len(chain.kernel_functions) == 1 and len(indep.kernel_functions) == 1
-    assert chain.loop_kernels == 1, "a chain of elementwise ops is one loop (vertical fusion)"
-print("compiled == eager for the chain and the independent pair")
-
-# %% [markdown]
-# The chain's kernel, as generated (on CPU a C++ function; on a GPU a Triton kernel):
-
-# %%
-print(fusion.kernel_source(chain.code, chain.kernel_functions[0], max_lines=40))
-
-# %% [markdown]
-# ## `combo_kernels` on a CPU: nothing changes, and why
-#
-# Combo kernels (`torch._inductor.config.combo_kernels`, added in 2.5: pytorch#124969 for foreach cases,
-# #131675 and its reland #133291 for the automatic pass this option turns on; still `False` by default and commented "(Experimental)" in `config.py`) merge *independent Triton kernels* into
-# one launch. The scheduler's grouping skips CPU and MPS nodes outright
-# (`_default_group_nodes_for_combo_kernels`: `if device.type == "mps" or device.type == "cpu": continue`).
-# First the options as your torch has them (names change between releases: `combo_kernel_max_num_nodes`
-# exists in 2.13 but not in 2.10, where the limit of 8 kernels is hard-coded), with the C++ backend's
-# limits quoted above:
-
-# %%
-from torch._inductor.codegen.cpp import CppScheduling
-
-COMBO_OPTIONS = ("combo_kernels", "benchmark_combo_kernel", "combo_kernels_autotune", "combo_kernel_allow_mixed_sizes",
-                 "combo_kernel_max_num_args", "combo_kernel_max_num_nodes", "combo_kernel_foreach_dynamic_shapes",
-                 "cpp.max_horizontal_fusion_size", "cpp.min_chunk_size")
-for name, value in fusion.inductor_options(*COMBO_OPTIONS).items():
-    print(f"torch._inductor.config.{name:<36} {'(not in this torch)' if value is None else value}")
-print(f"CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM{'':<14} {CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM}")
-
-# %% [markdown]
-# Now the independent pair compiled for the CPU with combo kernels on and off, the decision pinned
-# (`benchmark_combo_kernel=False`):
-
-# %%
-a_cpu, b_cpu = a.cpu(), b.cpu()
-cpu_off = fusion.inspect_compiled(two_independent, a_cpu, b_cpu, options=fusion.COMBO_OFF)
-cpu_on = fusion.inspect_compiled(two_independent, a_cpu, b_cpu, options=fusion.COMBO_ON)
-print("combo off:", cpu_off.kernel_functions, "loop kernels", cpu_off.loop_kernels)
-print("combo on: ", cpu_on.kernel_functions, "loop kernels", cpu_on.loop_kernels)
-
-# %% tags=["nbval-check-output"]
-assert cpu_on.kernel_functions == cpu_off.kernel_functions and cpu_on.loop_kernels == cpu_off.loop_kernels
-assert fusion.kernel_source(cpu_on.code, cpu_on.kernel_functions[0]) == \
-       fusion.kernel_source(cpu_off.code, cpu_off.kernel_functions[0]), "same C++ either way"
-print("CPU: combo_kernels=True generated the same kernel source as combo_kernels=False")
-
-
-# %% [markdown]
-# ## The workload: an optimizer-style update over many small tensors
-#
-# SGD with momentum and weight decay, written as the loop a simple optimizer runs: five small ops per
-# tensor (`fusion.sgd_step`). Three ways to run it:
-#
-# - **eager loop**: 5 ops × N tensors dispatches;
-# - **`_foreach_`**: PyTorch's multi-tensor ops (`torch._foreach_add_` and friends, what
-#   `torch.optim.SGD(foreach=True)` uses): 4 calls for the whole list;
-# - **compiled**: `torch.compile(sgd_step)`: one generated function for everything.
-#
-# Then the same update as production code runs it: `torch.optim.SGD` with `foreach=False` (a Python loop
-# over the tensors) and `foreach=True` (the default on GPUs), and its `step` compiled.
-
-# %%
 def fresh_state():
+    """params, grads, momentum buffers: N_TENSORS ragged 1-D tensors, like a small model's parameters."""
     return fusion.make_sgd_state(N_TENSORS, BASE_SIZE, device=DEVICE, seed=1)
 
-state = fresh_state()
-sgd = fusion.inspect_compiled(fusion.sgd_step, *state)   # compiles, and runs one step on `state`
-print(f"{N_TENSORS} tensors of {BASE_SIZE}..{BASE_SIZE + 37 * (N_TENSORS - 1)} elements")
-print(f"compiled: {len(sgd.kernel_functions)} kernel function(s) {sgd.kernel_functions[:3]}, "
-      f"{sgd.loop_kernels} loop kernels, first call {sgd.compile_s:.1f} s")
 
 # %% [markdown]
-# ### Check: all three give the same parameters and momentum buffers
+# ## Many small operations: the overhead story
+#
+# In eager mode every operation is a separate trip: Python → dispatcher → kernel (on a GPU, a kernel
+# *launch*). For a tensor of a few thousand numbers the arithmetic takes less than the trip. An
+# optimizer step is the classic case: SGD with momentum is five small ops per parameter
+# (`fusion.sgd_step`), so a model with many parameters makes many trips. `torch._foreach_*` ops
+# (`fusion.sgd_step_foreach`, what `torch.optim.SGD(foreach=True)` runs) take the whole list in one
+# call: four calls per step. Lesson 00 timed one `add_`; here is a whole update.
+
+# %% tags=["predict"]
+loop_calls = 5 * N_TENSORS
+foreach_guess = predict(f"The eager loop makes {loop_calls} small calls, _foreach_ makes 4. How many times "
+                        f"faster is the _foreach_ step here?", unit="x", example=5.0)
+
+# %%
+state = fresh_state()
+eager_result = bench.compare({"eager loop": lambda: fusion.sgd_step(*state),
+                              "_foreach_": lambda: fusion.sgd_step_foreach(*state)},
+                             baseline="eager loop", repeats=REPEATS, min_run_time=MIN_RUN_S, device=DEVICE)
+print(bench.table(eager_result))
+
+# %% tags=["reveal"]
+loop_s = eager_result["results"]["eager loop"]["median_s"]
+foreach_ratio = eager_result["results"]["_foreach_"]["ratio_to_baseline"]
+reveal(foreach_guess, foreach_ratio,
+       why=f"the loop costs {loop_s / loop_calls * 1e6:.1f} µs per call, most of it the trip, not the "
+           f"arithmetic on ~{BASE_SIZE} numbers. _foreach_ pays 4 trips; on a CPU it still walks the "
+           "tensors one by one in C++, on a GPU it packs many tensors into each launch.");
+
+
+# %% [markdown]
+# ## Fusion, seen with Inductor's own tools
+#
+# `torch.compile` removes trips by *fusing* operations into generated kernels (C++ functions
+# `cpp_fused_*` on a CPU, Triton kernels on a GPU):
+#
+# - **vertical fusion**: a chain (`b` reads what `a` wrote) becomes one loop; the intermediate never
+#   goes to memory;
+# - **horizontal fusion**: independent operations share one kernel, so one trip does both.
+#
+# Three standard tools show what Inductor did; each works from the command line too:
+#
+# | Tool | In a script | In this notebook |
+# |---|---|---|
+# | logs | `TORCH_LOGS="output_code,fusion" python train.py` | `torch._logging.set_logs(output_code=True, fusion=True)` |
+# | debug dump | `TORCH_COMPILE_DEBUG=1` (files under `./torch_compile_debug/`) | compile options `trace.enabled` (what that variable sets in `torch/_inductor/config.py`) and `trace.debug_dir` |
+# | profiler | `torch.profiler.profile` | the same (next section) |
+#
+# The debug dump holds `ir_pre_fusion.txt` and `ir_post_fusion.txt`: the scheduler's nodes before and
+# after it fused them. A compile served from Inductor's FX graph cache skips the scheduler and logs
+# nothing, so these compiles turn that cache off.
+
+# %%
+def compile_with_tools(fn, *args):
+    """Compile and run fn once with TORCH_LOGS="output_code,fusion" and TORCH_COMPILE_DEBUG=1's files."""
+    debug_dir, log = tempfile.mkdtemp(prefix="inductor_debug_"), io.StringIO()
+    with contextlib.redirect_stderr(log):                            # torch's log handlers write to stderr
+        torch._logging.set_logs(output_code=True, fusion=True)       # = TORCH_LOGS="output_code,fusion"
+        compiled = torch.compile(fn, options={"fx_graph_cache": False,            # a cache hit skips the scheduler
+                                              "trace.enabled": True, "trace.debug_dir": debug_dir})
+        result = compiled(*args)
+    torch._logging.set_logs()                                        # back to the defaults
+    nodes = {when: fusion.scheduler_nodes(fusion.debug_trace_file(debug_dir, f"ir_{when}_fusion.txt"))
+             for when in ("pre", "post")}
+    return result, log.getvalue(), nodes
+
+
+def pair(a, b):             # two independent pointwise ops
+    return a.sin(), b.cos()
+
+
+a, b = torch.randn(4096), torch.randn(4096)   # on the CPU on every machine, so the answer is the same everywhere
+
+# %% tags=["predict"]
+kernel_guess = predict("How many generated kernel functions (cpp_fused_*) will Inductor emit on the CPU for "
+                       "pair(a, b) = (a.sin(), b.cos())?", options=["1", "2"], example="2")
+
+# %%
+pair_out, pair_log, pair_nodes = compile_with_tools(pair, a, b)
+fusion_log = fusion.torch_log_lines(pair_log, "fusion")
+pair_code = "\n".join(fusion.torch_log_lines(pair_log, "output_code"))
+print(f'TORCH_LOGS="fusion" printed {len(fusion_log)} lines; the first round:')
+for line in fusion_log[:6]:
+    print("   ", line if len(line) < 100 else line[:97] + "...")
+print("ir_pre_fusion.txt: ", pair_nodes["pre"])
+print("ir_post_fusion.txt:", pair_nodes["post"])
+print('TORCH_LOGS="output_code": kernels', fusion.kernel_functions(pair_code), "called as",
+      fusion.wrapper_calls(pair_code))
+
+# %% tags=["reveal"]
+n_functions = len(fusion.kernel_functions(pair_code))
+reveal(kernel_guess, str(n_functions),
+       why=f"the scheduler found no fusion (the nodes share no buffer: {len(pair_nodes['post'])} nodes after "
+           f"fusion), yet the C++ backend put consecutive loop nests into one function: "
+           f"{n_functions} function, {len(pair_nodes['post'])} loops. On a GPU each node would be its own "
+           "Triton kernel, a launch each.");
+
+
+# %% [markdown]
+# What makes the *scheduler* fuse: a chain, which lowering already turns into one node (vertical), and
+# nodes that read the same buffer (horizontal: `y.sin()` and `y.cos()` load `y` once):
+
+# %%
+def mixed(x, y):
+    return (x * 2 + 1).relu(), y.sin(), y.cos()
+
+
+x, y = torch.randn(4096), torch.randn(4096)
+mixed_out, _, mixed_nodes = compile_with_tools(mixed, x, y)
+print("ir_pre_fusion.txt: ", mixed_nodes["pre"])
+print("ir_post_fusion.txt:", mixed_nodes["post"])
+
+# %% tags=["nbval-check-output"]
+for got, want in [*zip(pair_out, pair(a, b)), *zip(mixed_out, mixed(x, y))]:
+    torch.testing.assert_close(got, want)
+assert len(fusion.kernel_functions(pair_code)) == 1, "one cpp_fused function for the independent pair"
+assert len(pair_nodes["pre"]) == len(pair_nodes["post"]) == 2, "no shared buffer: nothing for the scheduler to fuse"
+assert len(mixed_nodes["pre"]) == 3 and len(mixed_nodes["post"]) == 2, "sin and cos of y fused into one node"
+print("compiled == eager; pair: 2 nodes before and after fusion, 1 C++ function; mixed: 3 nodes, then 2")
+
+# %% [markdown]
+# ## The production case: `_foreach_` and a compiled `optimizer.step`
+#
+# Compiling the hand-written loop (`torch.compile(fusion.sgd_step)`) fuses each tensor's five ops
+# vertically and, on the CPU, all tensors into one function. What training really runs is `torch.optim`.
+# Compiled, its `foreach` step lowers each `_foreach_` op to a **foreach kernel** node
+# (`ForeachKernelSchedulerNode` in `torch/_inductor/scheduler.py`) that combines the tensors
+# horizontally, without any option. PyTorch's recipe
+# (https://docs.pytorch.org/tutorials/recipes/compiling_optimizer.html) compiles a function that calls
+# `opt.step()` and warms it up with five calls; we take one eager step first instead, which creates the
+# momentum buffers (the deep dive shows why a compiled first step compiles twice).
+
+# %%
+sgd = fusion.inspect_compiled(fusion.sgd_step, *fresh_state())   # compiles, and runs one step
+opt_state = fresh_state()
+optimizers = {foreach: fusion.sgd_optimizer(opt_state[0], opt_state[1], foreach=foreach)[0] for foreach in (False, True)}
+opt_compiled, _ = fusion.sgd_optimizer(opt_state[0], opt_state[1], foreach=True)
+opt_compiled.step()                                          # eager first step: creates the momentum buffers
+step_info = fusion.inspect_compiled(opt_compiled.step)       # compiles, and runs step 2
+for name, info in {"compiled sgd_step": sgd, "compiled opt.step": step_info}.items():
+    print(f"{name}: {len(info.kernel_functions)} kernel function(s) holding {info.loop_kernels} loop nests, "
+          f"first call (compile included) {info.compile_s:.1f} s")
 
 # %% tags=["nbval-check-output"]
 ref, fe, co = fresh_state(), fresh_state(), fresh_state()
@@ -193,301 +194,187 @@ for _ in range(3):
     fusion.sgd_step(*ref)
     fusion.sgd_step_foreach(*fe)
     sgd.fn(*co)
+    for opt in optimizers.values():
+        opt.step()
+step_info.fn()                                               # step 3 of the compiled optimizer
 for got in (fe, co):
     for got_list, ref_list in zip(got, ref):
         for g, r in zip(got_list, ref_list):
             torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
-if DEVICE.type == "cpu":
-    assert len(sgd.kernel_functions) == 1, "on CPU the whole update is one cpp_fused function"
-    assert sgd.loop_kernels == N_TENSORS, "one loop nest per (ragged) tensor inside it"
-print("eager loop == _foreach_ == compiled after 3 steps (params, grads, momentum)")
-
-# %% [markdown]
-# The start of the generated function (one loop nest per tensor follows, each updating the momentum
-# buffer and the parameter in one pass):
-
-# %%
-print(fusion.kernel_source(sgd.code, sgd.kernel_functions[0], max_lines=30))
-
-# %% [markdown]
-# ### The same step with a C++ wrapper (`cpp_wrapper`)
-#
-# Inductor's wrapper, the code that calls the generated kernels, is Python by default. With
-# `cpp_wrapper=True` (`TORCHINDUCTOR_CPP_WRAPPER=1`) it is generated in C++ and compiled too, so a call
-# goes through less Python. It is passed as a compile option (not a `torch._inductor.config.patch`
-# around the first call), so the recompiles that later compiles trigger (`inspect_compiled` resets
-# Dynamo) keep it. The cell prints its first-call time, checks it against the eager loop, and the
-# timing below puts it beside the Python wrapper. CPU only here: on a GPU the C++ wrapper launches
-# the Triton kernels, and this lesson does not compile it there.
-
-# %%
-caps = capabilities()
-sgd_cpp = None
-if DEVICE.type == "cpu" and caps.toolchains["cxx"]:
-    sgd_cpp = fusion.inspect_compiled(fusion.sgd_step, *fresh_state(), options={"cpp_wrapper": True})
-    print(f"compiled with cpp_wrapper: first call {sgd_cpp.compile_s:.1f} s "
-          f"(Python wrapper above: {sgd.compile_s:.1f} s; both include compiling the C++ kernels)")
-    ref, cw = fresh_state(), fresh_state()
-    for _ in range(3):
-        fusion.sgd_step(*ref)
-        sgd_cpp.fn(*cw)
-    for got_list, ref_list in zip(cw, ref):
-        for g, r in zip(got_list, ref_list):
-            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
-    print("eager loop == compiled with cpp_wrapper after 3 steps")
-else:
-    print("cpp_wrapper step not compiled: it needs the CPU device and a C++ compiler "
-          f"(device {DEVICE.type}, c++ {caps.toolchains['cxx']})")
-
-# %% [markdown]
-# ## The production horizontal fusion: foreach kernels and a compiled `optimizer.step`
-#
-# What really runs in training is `torch.optim`. With `foreach=True` its step is a handful of
-# `torch._foreach_*` calls over the whole parameter list, each one ATen call (on a GPU, few kernel
-# launches per list: ATen's multi-tensor-apply packs many tensors into each launch). `torch.compile`
-# of `opt.step` goes further: Inductor lowers every `_foreach_` op to a **foreach kernel** node
-# (`ForeachKernelSchedulerNode` in `torch/_inductor/scheduler.py`), fuses the ops of one tensor
-# vertically, and combines the tensors horizontally, *without* `combo_kernels=True` (the option's
-# comment in `torch/_inductor/config.py` calls combo kernels "additional to foreach kernels"). On a GPU
-# that is one Triton kernel per group of tensors; on a CPU one C++ function, as for the loop above.
-#
-# Two practical rules, from PyTorch's "compiling the optimizer" recipe
-# (https://docs.pytorch.org/tutorials/recipes/compiling_optimizer.html): compile `opt.step` itself,
-# and take one eager step first, because the first step creates the momentum buffers (compiling that
-# step and then the next one compiles twice).
-
-# %%
-opt_state = fresh_state()
-optimizers = {foreach: fusion.sgd_optimizer(opt_state[0], opt_state[1], foreach=foreach)[0]
-              for foreach in (False, True)}
-opt_compiled, params_compiled = fusion.sgd_optimizer(opt_state[0], opt_state[1], foreach=True)
-opt_compiled.step()                                   # eager first step: creates the momentum buffers
-step_info = fusion.inspect_compiled(opt_compiled.step)   # compiles, and runs step 2
-print(f"compiled opt.step: {len(step_info.kernel_functions)} kernel function(s) {step_info.kernel_functions}, "
-      f"{step_info.loop_kernels} loop kernels, first call {step_info.compile_s:.1f} s")
-print("wrapper calls:", *fusion.wrapper_calls(step_info.code), sep="\n  ")
-
-# %% [markdown]
-# ### Check: `torch.optim` (loop, foreach, compiled) gives what `sgd_step` gives
-
-# %% tags=["nbval-check-output"]
-ref = fresh_state()
-for _ in range(3):
-    fusion.sgd_step(*ref)
-    for opt in optimizers.values():
-        opt.step()
-step_info.fn()                                         # step 3 of the compiled optimizer (1 eager, 2 compiled)
 for opt in (*optimizers.values(), opt_compiled):
     for p, r in zip(opt.param_groups[0]["params"], ref[0]):
         torch.testing.assert_close(p.detach(), r, rtol=1e-5, atol=1e-6)
 if DEVICE.type == "cpu":
-    assert len(step_info.kernel_functions) == 1, "on CPU the compiled foreach step is one cpp_fused function"
-print("torch.optim.SGD foreach=False == foreach=True == compiled step == sgd_step after 3 steps")
+    assert len(sgd.kernel_functions) == len(step_info.kernel_functions) == 1, "one cpp_fused function each"
+    assert sgd.loop_kernels == N_TENSORS, "one loop nest per tensor inside it"
+print("eager loop == _foreach_ == compiled == torch.optim (loop, foreach, compiled step) after 3 steps")
 
 # %% [markdown]
-# ### Measure: the hand-written step and `torch.optim`, side by side
-#
-# One CPU thread (`THREADS`): these tensors hold a few thousand numbers each, too little work to
-# share between threads, and it keeps the comparison fair (eager ATen runs such small ops on one
-# thread anyway).
+# **`torch.profiler` counts what a call dispatches.** Eager, every small op is an ATen call; compiled,
+# no ATen op is left, only the layers of a compiled call. On a GPU, add `ProfilerActivity.CUDA` (`XPU` on
+# Intel) to the activities to count the kernels too.
+
+# %%
+from torch.profiler import ProfilerActivity, profile
+
+
+def events(fn):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key: e.count for e in prof.key_averages()}
+
+
+state = fresh_state()
+eager_events, compiled_events = events(lambda: fusion.sgd_step(*state)), events(lambda: sgd.fn(*state))
+aten_ops = {k: n for k, n in eager_events.items() if k in ("aten::add", "aten::add_", "aten::mul", "aten::mul_")}
+print(f"eager step: {sum(aten_ops.values())} arithmetic ATen calls {aten_ops}, {sum(eager_events.values())} events in all")
+print(f"compiled step: {sum(compiled_events.values())} events, "
+      f"{sum(n for k, n in compiled_events.items() if k.startswith('aten::'))} of them ATen ops:")
+for key in compiled_events:
+    print("   ", key[:60])
+
+# %% [markdown]
+# The compiled call's events name its fixed costs: Dynamo's guard check (`TorchDynamo Cache Lookup`),
+# AOTAutograd's runtime wrapper, and Inductor's generated wrapper (`Call CompiledFxGraph`); the names vary
+# between releases. On small graphs PyTorch's maintainers call AOTAutograd "a lot, if not most, of the
+# overhead" (pytorch#161783). Now the time, hand-written and `torch.optim` side by side:
 
 # %%
 state = fresh_state()
-candidates = {"eager loop": lambda: fusion.sgd_step(*state),
-              "_foreach_": lambda: fusion.sgd_step_foreach(*state),
-              "compiled": lambda: sgd.fn(*state),
-              "torch.optim, foreach=False": optimizers[False].step,
-              "torch.optim, foreach=True": optimizers[True].step,
-              "torch.optim, compiled step": step_info.fn}
-if sgd_cpp is not None:
-    candidates["compiled, cpp_wrapper"] = lambda: sgd_cpp.fn(*state)
-step_result = bench.compare(candidates, baseline="eager loop", repeats=REPEATS, min_run_time=MIN_RUN_S, device=DEVICE)
-step_result["workload"] = {"n_tensors": N_TENSORS, "base_size": BASE_SIZE,
-                           "kernel_functions": len(sgd.kernel_functions), "loop_kernels": sgd.loop_kernels}
+step_result = bench.compare({"eager loop": lambda: fusion.sgd_step(*state),
+                             "_foreach_": lambda: fusion.sgd_step_foreach(*state),
+                             "compiled sgd_step": lambda: sgd.fn(*state),
+                             "torch.optim, foreach=False": optimizers[False].step,
+                             "torch.optim, foreach=True": optimizers[True].step,
+                             "torch.optim, compiled step": step_info.fn},
+                            baseline="eager loop", repeats=REPEATS, min_run_time=MIN_RUN_S, device=DEVICE)
 print(bench.table(step_result))
 bench.save_json(step_result, "../runs/02_horizontal_fusion_sgd.json")
 bench.plot(step_result, title=f"SGD-momentum step over {N_TENSORS} tensors ({DEVICE.type})").show()
 
 # %% [markdown]
-# ## The overhead model: time vs number of tiny ops
+# On a CPU the generated function still runs the tensors' loops one after another: horizontal fusion
+# saves the trips, not the work. On a GPU the compiled `sgd_step` becomes one Triton kernel per tensor, a
+# launch each (the compiled `torch.optim` step fewer: its foreach kernels already pack many tensors into
+# each kernel): the gap that combo kernels close.
 #
-# If each eager op costs a fixed overhead `c`, n ops cost about `n·c`. A compiled function pays a
-# fixed cost per call (guards, the wrapper) plus whatever still grows with n. The sweep times n tiny
-# ops on 16-element tensors two ways: as a **chain** on one tensor (vertical fusion makes it one loop)
-# and as one in-place op on each of **n independent** tensors (only horizontal fusion can merge them;
-# the compiled function still checks a guard per input tensor). It compiles two functions per n.
+# ## Combo kernels: horizontal fusion of GPU launches
+#
+# `torch._inductor.config.combo_kernels = True` (added in 2.5, pytorch#124969 and #131675; still off by
+# default and marked "(Experimental)" in 2.10's `config.py`) merges up to 8 *independent Triton kernels*
+# into one launch (8 is hard-coded in 2.10's `scheduler.py`, the option `combo_kernel_max_num_nodes`
+# in later releases). The scheduler's grouping skips CPU and MPS nodes outright
+# (`_default_group_nodes_for_combo_kernels` in `torch/_inductor/scheduler.py`), so on a CPU the option
+# changes nothing. `fusion.COMBO_ON` also sets `benchmark_combo_kernel=False`: otherwise Inductor keeps a
+# combination only if it timed faster during compilation, and the generated code can differ between runs.
 
 # %%
-sweep = fusion.tiny_ops_sweep(SWEEP_COUNTS, device=DEVICE, repeats=REPEATS, min_run_time=MIN_RUN_S)
-fig = go.Figure()
-for name, ys in sweep["median_s"].items():
-    fig.add_trace(go.Scatter(x=sweep["counts"], y=[y * 1e6 for y in ys], mode="lines+markers", name=name,
-                             line=dict(dash="dot" if name.startswith("eager") else "solid")))
-fig.update_layout(title=f"n tiny ops on {sweep['size']}-element tensors ({DEVICE.type})",
-                  xaxis_title="number of ops n", yaxis_title="µs per call (median)", height=400)
-fig.show()
-for name, fit in sweep["fit"].items():
-    print(f"{name:<22} fixed {fit['fixed_s'] * 1e6:7.1f} µs + {fit['per_op_s'] * 1e6:6.2f} µs per op")
+cpu_on = fusion.inspect_compiled(pair, a, b, options=fusion.COMBO_ON)
+assert cpu_on.kernel_functions == fusion.kernel_functions(pair_code)
+assert fusion.kernel_source(cpu_on.code, cpu_on.kernel_functions[0]) == \
+       fusion.kernel_source(pair_code, cpu_on.kernel_functions[0]), "same C++ either way"
+print("CPU: combo_kernels=True generated the same kernel source as the default")
 
 # %% [markdown]
-# ## Look at the code yourself
+# ### One launch, two ways to share it out
 #
-# Pick a function to see what its wrapper calls and the start of its first kernel. (Widgets need a
-# live kernel; in a batch run the cell just shows the control.)
-
-# %%
-import ipywidgets as widgets
-
-from helpers.interactive import interact
-
-INSPECTED = {"chain of 4 ops": chain, "2 independent ops": indep, f"SGD step, {N_TENSORS} tensors": sgd}
-
-def show_code(which="chain of 4 ops", lines=25):
-    info = INSPECTED[which]
-    print("wrapper calls:", *fusion.wrapper_calls(info.code)[:8], sep="\n  ")
-    print(fusion.kernel_source(info.code, info.kernel_functions[0], max_lines=lines))
-
-interact(show_code, which=widgets.Dropdown(options=list(INSPECTED)),
-                 lines=widgets.IntSlider(value=25, min=10, max=120, step=5));
-
-# %% [markdown]
-# ## A combo kernel by hand, in Triton: two ways to dispatch
+# In a combo kernel every program reads its id and works out which sub-kernel it serves
+# (`ComboKernel.SequentialDispatch` and `RoundRobinDispatch` in
+# `torch/_inductor/codegen/triton_combo_kernel.py`, paraphrasing their docstrings):
 #
-# A combo kernel runs several independent kernels in **one launch**; every program first works out
-# which part it belongs to from its program id. Inductor has two schemes for that
-# (`ComboKernel.SequentialDispatch` and `ComboKernel.RoundRobinDispatch` in
-# `torch/_inductor/codegen/triton_combo_kernel.py`, the same in 2.10 and 2.13):
-#
-# - **sequential**: the grid is the *sum* of the blocks each part needs; part 0 owns the first program
-#   ids, part 1 the next ones, ... (`num_xblocks_0 = tl.cdiv(xnumel_0, XBLOCK)`,
-#   `num_xblocks_1 = num_xblocks_0 + ...`, then `if pid < num_xblocks_0: ... elif pid < num_xblocks_1:`).
-#   No program is wasted, but the parts run roughly one after another across the GPU.
-# - **round-robin**: the grid is *(the largest part's blocks) x (number of parts)*; program `pid` runs
-#   part `pid % N`, block `pid // N` (`if pid % N == 0: pid_offset = pid // N elif ...`). The parts are
-#   interleaved and run side by side, but a part smaller than the largest gets programs with nothing
-#   to do (fully masked).
-#
-# `ComboKernel.select_dispatch_strategy` picks round-robin only when mixed sizes are allowed and the
-# masked programs would be few: `sum(numels) / (max(numels) x number of parts) > BLOCK_UTILIZATION`
-# (0.8 in that file). Mixed sizes are allowed for the combo kernels `combo_kernels=True` makes (they
-# use the custom partition algorithm and `combo_kernel_allow_mixed_sizes` defaults to 1), not for the
-# foreach kernels that `_foreach_` ops lower to, which always dispatch sequentially
-# (`use_custom_partition_algo=False` in `scheduler.py`). The next cell asks the installed Inductor
-# and `fusion.combo_dispatch_strategy` (the same rule, re-implemented) which one this lesson's SGD
-# step gets.
-#
-# Ours has three parts on three tensors of unrelated sizes: `x * alpha`, `relu(x)`, `silu(x)`
-# (`helpers/fusion_kernels.py`), in both schemes:
-#
-# ```python
-# @triton.jit
-# def combo_kernel(x0, y0, n0, x1, y1, n1, x2, y2, n2, alpha, BLOCK: tl.constexpr):   # sequential
-#     pid = tl.program_id(0)
-#     end0 = tl.cdiv(n0, BLOCK)              # part 0 owns programs [0, end0)
-#     end1 = end0 + tl.cdiv(n1, BLOCK)       # part 1 owns [end0, end1), part 2 the rest
-#     if pid < end0:
-#         apply_part(x0, y0, n0, pid, alpha, 0, BLOCK)
-#     elif pid < end1:
-#         apply_part(x1, y1, n1, pid - end0, alpha, 1, BLOCK)
-#     else:
-#         apply_part(x2, y2, n2, pid - end1, alpha, 2, BLOCK)
-#
-# @triton.jit
-# def combo_kernel_round_robin(x0, y0, n0, x1, y1, n1, x2, y2, n2, alpha, BLOCK: tl.constexpr):
-#     pid = tl.program_id(0)
-#     local_pid = pid // 3                   # grid: 3 x the largest part's blocks
-#     if pid % 3 == 0:
-#         apply_part(x0, y0, n0, local_pid, alpha, 0, BLOCK)   # masked past n0
-#     elif pid % 3 == 1:
-#         apply_part(x1, y1, n1, local_pid, alpha, 1, BLOCK)
-#     else:
-#         apply_part(x2, y2, n2, local_pid, alpha, 2, BLOCK)
+# ```
+# sequential:   grid = sum of the blocks each part needs       round-robin: grid = N parts x (largest part's blocks)
+#   part 0 owns programs [0, end0), part 1 [end0, end1), ...     program pid runs part pid % N, block pid // N
+#   no program idle; the parts run roughly one after another     parts interleaved; smaller parts get idle programs
 # ```
 #
-# Without a GPU, Triton can still *run* them: with `TRITON_INTERPRET=1`, `triton.jit` builds an
-# interpreter that executes each program with NumPy on the CPU: slow, but exact enough to check
-# correctness. `triton.jit` reads the variable when it decorates a function, and Triton's own helpers
-# (`tl.cdiv`, `tl.sigmoid`) are decorated when `triton` is first imported, which `torch.compile` does.
-# So the set-up cell at the top set it, on CPU-only machines, before anything imported Triton. On a GPU
-# it is left unset and the kernels are compiled for the GPU.
+# The rule, as the installed Inductor has it (on 2.13 a third scheme appears first, used only with
+# `combo_kernel_per_subkernel_blocks`, off by default, added after 2.10 in pytorch#172527):
 
 # %%
-sizes = [1000, 1, 3 * 1025]          # ragged on purpose: none is a multiple of the block
-block = 256
-total, ends = fusion.combo_grid(sizes, block)
-rr_total, rr_masked = fusion.round_robin_grid(sizes, block)
-print(f"parts {fusion.COMBO_PARTS}")
-print(f"sizes {sizes}, block {block}: sequential: one launch of {total} programs; parts end at program ids {ends}")
-print(f"round-robin: {rr_total} programs, {rr_masked} of them masked; Inductor would pick "
-      f"{fusion.inductor_combo_dispatch_strategy(sizes)} for these sizes")
+import inspect
 
-print("\nWhich dispatch Inductor picks for the SGD step's kernels (one per tensor, in groups of "
-      f"{fusion.COMBO_MAX_NODES_2_10}):")
-sgd_sizes = [p.numel() for p in fresh_state()[0]]
-full_sizes = [1024 + 37 * i for i in range(30)]      # the full-mode workload (parameters cell defaults)
-for label, all_sizes in {"this run": sgd_sizes, "full mode": full_sizes}.items():
-    if label == "full mode" and all_sizes == sgd_sizes:
-        continue
-    for group in fusion.combo_groups(all_sizes):
-        combo = fusion.inductor_combo_dispatch_strategy(group)
-        assert combo == fusion.combo_dispatch_strategy(group), "the re-implemented rule disagrees with Inductor"
-        foreach = fusion.inductor_combo_dispatch_strategy(group, mixed_sizes=False)
-        print(f"  {label}: {len(group)} kernels of {group[0]}..{group[-1]} elements, utilization "
-              f"{sum(group) / (max(group) * len(group)):.2f} -> combo kernel {combo}, foreach kernel {foreach}")
+from torch._inductor.codegen.triton_combo_kernel import ComboKernel
+
+print(inspect.getsource(ComboKernel.select_dispatch_strategy))
 
 # %% [markdown]
-# ### Check: the combo kernel against eager PyTorch
+# `mixed_sizes` is true for the combo kernels `combo_kernels=True` makes and false for foreach kernels,
+# which always dispatch sequentially. So round-robin needs the parts' sizes to be close: their sum
+# over (the largest × their number) above 0.8, in that file. The SGD step on a GPU is one kernel per
+# tensor, in groups of 8.
 
-# %%
-if requires("triton_interpreter", section="Hand-written combo kernel: correctness"):
-    print("kernels run under Triton's interpreter:", fusion.kernels_interpreted() == (DEVICE.type == "cpu"))
-    cases = [([1000, 1, 3075], torch.float32), ([0, 513, 2], torch.float32), ([0, 0, 0], torch.float32),
-             ([777, 64, 1025], torch.float16), ([300, 5, 70], torch.bfloat16)]
-    for case_sizes, dtype in cases:
-        xs = [torch.randn(n, device=DEVICE).to(dtype) for n in case_sizes]
-        got, want = fusion.combo_launch(xs, alpha=0.5, block=block), fusion.combo_reference(xs, alpha=0.5)
-        sep = fusion.separate_launches(xs, alpha=0.5, block=block)
-        rr = fusion.combo_launch_round_robin(xs, alpha=0.5, block=block)
-        tol = {} if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
-        for g, s, r, w in zip(got, sep, rr, want):
-            for out in (g, s, r):
-                torch.testing.assert_close(out, w, **tol)
-        print(f"sizes {case_sizes} {dtype}: sequential combo == round-robin combo == separate launches == eager")
+# %% tags=["predict"]
+sizes = [p.numel() for p in fresh_state()[0]]
+groups = fusion.combo_groups(sizes)
+dispatch_guess = predict(f"Which dispatch will Inductor pick for the first group of {len(groups[0])} kernels, "
+                         f"sizes {groups[0][0]}..{groups[0][-1]}?", options=["sequential", "round_robin"],
+                         example="round_robin")
 
-# %%
-if requires("triton_gpu", section="Hand-written combo kernel: speed"):
-    xs = [torch.randn(n, device=DEVICE) for n in (4096, 16384, 1000)]
-    kernel_result = bench.compare(
-        {"eager (3 ops)": lambda: [xs[0] * 0.5, torch.relu(xs[1]), torch.nn.functional.silu(xs[2])],
-         "3 Triton launches": lambda: fusion.separate_launches(xs, alpha=0.5),
-         "1 combo launch": lambda: fusion.combo_launch(xs, alpha=0.5)},
-        baseline="3 Triton launches", repeats=REPEATS, device=DEVICE)
-    print(bench.table(kernel_result))
-    bench.plot(kernel_result, title="Three tiny elementwise ops: one launch vs three").show()
+# %% tags=["reveal"]
+for group in groups:
+    print(f"{len(group)} kernels of {group[0]}..{group[-1]} elements: utilization "
+          f"{fusion.combo_utilization(group):.2f} -> {fusion.inductor_combo_dispatch_strategy(group)}")
+print("\nthe dispatch lines the installed Inductor writes for the first group:")
+print(fusion.inductor_dispatch_code(groups[0], show=2))
+first = groups[0]
+reveal(dispatch_guess, fusion.inductor_combo_dispatch_strategy(first),
+       why=f"sum {sum(first)} / ({max(first)} x {len(first)}) = {fusion.combo_utilization(first):.2f}, against "
+           "the bar of 0.8: above it the idle programs of round-robin are few enough to run the parts side by side.");
 
 # %% [markdown]
-# ## Inductor's combo kernels on a GPU: off vs on, decision pinned
+# ### Your turn: flip the dispatch
 #
-# The same SGD step, compiled for the GPU twice: `fusion.COMBO_OFF` and `fusion.COMBO_ON` (both set
-# `benchmark_combo_kernel=False`, so whether kernels are combined does not depend on a timing taken
-# during compilation). Inductor then combines independent kernels in groups of at most 8 kernels and
-# `combo_kernel_max_num_args` buffers (both printed in the `combo_kernels` section). The 8 is hard-coded in torch 2.10 (`max_num_nodes = 8` in
-# `torch/_inductor/scheduler.py`); later releases made it the option `combo_kernel_max_num_nodes` (in
-# 2.13 and 2.14, default 8). Read the names from the `torch._inductor.config` you have before you set one. The dispatch cell above
-# says whether each group comes out round-robin or sequential.
+# Four kernels, three large and one small: Inductor dispatches them sequentially. Change **one** size so
+# that it picks round-robin, then run the check.
+
+# %% tags=["your-turn"]
+START_GROUP = [4096, 4096, 4096, 512]
+my_group = [4096, 4096, 4096, 512]      # change one number
+
+# %%
+from helpers.checks import check_equal, fail, your_turn
+
+
+def check_group():
+    changed = sum(m != s for m, s in zip(my_group, START_GROUP))
+    if len(my_group) != len(START_GROUP) or changed != 1:
+        fail("my_group", f"{changed} of the sizes changed (or the length did)", "keep four sizes; change exactly one")
+    check_equal(fusion.inductor_combo_dispatch_strategy(my_group), "round_robin", what="Inductor's dispatch for my_group",
+                hint=f"utilization is {fusion.combo_utilization(my_group):.2f}; round-robin needs more than 0.8 "
+                     "(what if the small one grew? what if a large one grew instead?)")
+
+
+your_turn(check_group, what="flip the dispatch");
+
+# %% [markdown]
+# ### On a GPU: Inductor's combo kernels, off vs on
+#
+# The SGD step compiled for the GPU twice, combo kernels off and on (decision pinned). The cell reads
+# each generated combo kernel's dispatch lines (`if pid % N == ...` is round-robin,
+# `if pid < num_xblocks_0` sequential), asserts they are what the rule above gives for that kernel's
+# sub-kernel sizes, and times the step. No GPU has run this cell in this project's CI: run it and see.
 
 # %%
 if requires("triton_gpu", section="Combo kernels in Inductor (GPU)"):
     gpu_off = fusion.inspect_compiled(fusion.sgd_step, *fresh_state(), options=fusion.COMBO_OFF)
     gpu_on = fusion.inspect_compiled(fusion.sgd_step, *fresh_state(), options=fusion.COMBO_ON)
+    combos = fusion.combo_dispatches(gpu_on.code)
     print(f"combo off: {len(gpu_off.kernel_functions)} Triton kernels · combo on: "
-          f"{len(gpu_on.kernel_functions)} Triton kernels")
-    assert len(gpu_on.kernel_functions) <= len(gpu_off.kernel_functions)
-    ref, s_off, s_on = fresh_state(), fresh_state(), fresh_state()
-    fusion.sgd_step(*ref); gpu_off.fn(*s_off); gpu_on.fn(*s_on)
-    for got in (s_off, s_on):
-        for g, r in zip(got[0], ref[0]):
-            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+          f"{len(gpu_on.kernel_functions)}, {len(combos)} of them combo kernels")
+    assert combos, "combo_kernels=True made no combo kernel of the SGD step"
+    for k in combos:
+        rule = fusion.inductor_combo_dispatch_strategy(k.numels)
+        print(f"  {k.name}: sub-kernel sizes {k.numels}: dispatch lines say {k.scheme}, the rule says {rule}")
+        assert k.scheme == rule, f"{k.name}: generated {k.scheme}, the rule predicts {rule}"
+    print("in groups of 8, in order, as predicted:", [k.numels for k in combos] == groups)
+    print(*[line for line in fusion.kernel_source(gpu_on.code, combos[0].name).splitlines()
+            if "pid" in line][:6], sep="\n")
+    ref, s_on = fresh_state(), fresh_state()
+    fusion.sgd_step(*ref)
+    gpu_on.fn(*s_on)
+    for g, r in zip(s_on[0], ref[0]):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
     state = fresh_state()
     combo_result = bench.compare({"eager loop": lambda: fusion.sgd_step(*state),
                                   "_foreach_": lambda: fusion.sgd_step_foreach(*state),
@@ -496,131 +383,20 @@ if requires("triton_gpu", section="Combo kernels in Inductor (GPU)"):
                                  baseline="eager loop", repeats=REPEATS, device=DEVICE)
     print(bench.table(combo_result))
     bench.save_json(combo_result, "../runs/02_horizontal_fusion_combo_gpu.json")
-    bench.plot(combo_result, title=f"SGD step over {N_TENSORS} tensors on {DEVICE}").show()
 
 # %% [markdown]
-# ## What the numbers mean
+# **What the 2.10 article gets wrong**: it presents "combo-kernel horizontal fusion" as new in 2.10 and
+# working "on all supported hardware platforms". Combo kernels date from 2.5 (pytorch#124969), are off by
+# default and experimental in 2.10, and apply only to Triton-generated GPU code: on a CPU the setting
+# changes nothing (shown above), because the C++ backend already groups independent loops into one function.
 #
-# The summary below is printed from this run's measurements (nothing is typed in by hand):
-
-# %%
-r = step_result["results"]
-eager_us = r["eager loop"]["median_s"] * 1e6
-print(f"SGD step, {N_TENSORS} tensors on {DEVICE.type}, eager loop {eager_us:.0f} µs; ratio to it (higher is faster):")
-for name, row in r.items():
-    print(f"  {name:<28} {row['ratio_to_baseline']:5.1f}x  ({row['median_s'] * 1e6:.0f} µs)")
-print(f"generated: hand-written step {len(sgd.kernel_functions)} kernel function(s), {sgd.loop_kernels} loop kernels; "
-      f"compiled opt.step {len(step_info.kernel_functions)} kernel function(s), {step_info.loop_kernels} loop kernels")
-if sweep["fit"]:
-    f = sweep["fit"]
-    print(f"per extra tiny op: eager chain {f['eager chain']['per_op_s'] * 1e6:.2f} µs, compiled chain "
-          f"{f['compiled chain']['per_op_s'] * 1e6:.2f} µs; independent tensors: eager "
-          f"{f['eager independent']['per_op_s'] * 1e6:.2f} µs, compiled {f['compiled independent']['per_op_s'] * 1e6:.2f} µs")
-one = {name: ys[0] for name, ys in sweep["median_s"].items()}
-print(f"one tiny op (n={sweep['counts'][0]}): compiled chain {one['compiled chain'] * 1e6:.1f} µs vs eager "
-      f"{one['eager chain'] * 1e6:.1f} µs: compiled is {'slower' if one['compiled chain'] > one['eager chain'] else 'faster'} here")
-
-# %% [markdown]
-# - **Eager cost grows with the number of ops**, at a few microseconds each, whatever the op does
-#   with 16 numbers: that is the per-op overhead. `_foreach_` removes most of it by handing a whole
-#   list to one call.
-# - **A compiled chain's cost hardly grows with n**: vertical fusion leaves one loop, and the call's
-#   fixed cost (guards, wrapper) dominates. That fixed cost can be larger than one eager op: the last
-#   line above says whether, for a single tiny op, compiled code was slower than eager on this machine.
-# - **Independent tensors still cost something per tensor when compiled**, even though the work is
-#   one function: Dynamo's guards check every input tensor and the wrapper handles each one. Much of
-#   what remains of "launch overhead" in compiled code is this host-side work, not kernel launches
-#   (pytorch#161783 and #150488 measured it on GPUs).
-# - **`torch.optim` is the production case.** Its foreach step and its compiled step are the same
-#   horizontal fusion as the hand-written versions: compare their rows above. The compiled step
-#   lowers `_foreach_` ops to foreach kernels without any option.
-# - **On a CPU, "horizontal fusion" means less than on a GPU.** The C++ backend puts independent loop
-#   nests into one `cpp_fused_*` function, but they still run one after another: what it saves is the
-#   per-call overhead (and, with more than one thread, separate OpenMP regions). On a GPU it means one
-#   launch whose blocks run concurrently. So `combo_kernels` has nothing to do here. Machines differ
-#   and this one is shared: compare the ratios, not the absolute times.
-# - **What CUDA graphs remove beside fusion.** Fusion cuts the number of kernels and the bytes moved
-#   between them. A CUDA graph keeps every kernel but records the sequence once and replays it with a
-#   single `cudaGraphLaunch`, so the CPU no longer pays per kernel (the driver call, and Inductor's
-#   Python wrapper code between launches), and the GPU does not wait for a CPU that falls behind
-#   (PyTorch's CUDA notes, https://docs.pytorch.org/docs/stable/notes/cuda.html#cuda-graphs, and
-#   https://pytorch.org/blog/accelerating-pytorch-with-cuda-graphs/). `torch.compile(mode="reduce-overhead")`
-#   does this for compiled code (CUDA graph trees, `torch/_inductor/cudagraph_trees.py`). The price:
-#   static shapes and memory addresses (inputs are copied into the graph's buffers), no CPU
-#   synchronisation inside, more memory held. Dynamo's guards still run on every call, so a graph
-#   does not remove the per-tensor guard cost seen in the sweep. The two combine: fuse first, then
-#   graph what is left. On a CPU, `cpp_wrapper=True` (`TORCHINDUCTOR_CPP_WRAPPER=1`) is the nearest
-#   thing: the wrapper that calls the kernels is generated in C++ instead of Python. Its row above ("compiled,
-#   cpp_wrapper") shows what that changes for this step on this machine.
+# ## Going further
 #
-# ## What changes on other hardware
-#
-# - **NVIDIA/AMD GPUs**: every Triton kernel the wrapper calls is a separate launch. Kernels of
-#   different tensors share no buffers and have different sizes, so without combo kernels Inductor
-#   keeps them apart; with `combo_kernels=True` it launches independent kernels together, up to
-#   8 kernels per combo kernel (fixed in 2.10, the option `combo_kernel_max_num_nodes` later). The two GPU sections above print the real kernel
-#   counts and times. `mode="reduce-overhead"` (CUDA graphs) is the other tool against launch overhead.
-#   The hand-written kernel's speed section times calls from Python (`bench.compare` waits for the
-#   device at the end of each timed block): at these sizes that measures mostly the host side, Triton's
-#   Python launcher binding arguments for each launch, which is what one launch instead of three
-#   saves; per-kernel device time needs `torch.profiler` or CUDA events.
-# - **Intel GPUs (XPU)** use Inductor's Triton backend too, and the combo-kernel grouping does not
-#   exclude them; it skips only **MPS** and the CPU.
-# - **Triton absent** (a CPU-only install without the `triton` extra): the hand-written kernel's
-#   section prints that it was skipped and why; everything else runs. `pip install triton` adds it.
-#
-# ## Pitfalls
-#
-# **A misspelled option fails at `torch.compile` time** (the list of valid names that follows the
-# message is long; first line only):
-
-# %% tags=["nbval-check-output"]
-try:
-    torch.compile(two_independent, options={"combo_kernel": True})   # the real name ends in "s"
-except RuntimeError as err:
-    print("RuntimeError:", str(err).split(",")[0])
-
-# %% [markdown]
-# **The combo kernel's wrapper rejects what it cannot run** (checked before Triton is touched):
-
-# %% tags=["nbval-check-output"]
-for bad in ([torch.randn(8)] * 2, [torch.randn(8), torch.arange(8), torch.randn(8)]):
-    try:
-        fusion.combo_launch(bad)
-    except (ValueError, TypeError) as err:
-        print(f"{type(err).__name__}: {err}")
-
-# %% [markdown]
-# - **Never assert that kernels were combined unless the decision is pinned.** With
-#   `benchmark_combo_kernel=True`, Inductor times each candidate group during compilation and keeps it
-#   only if it is faster, so the generated code can differ between runs and machines. Tests and
-#   lessons set it to `False` (as `fusion.COMBO_ON` does).
-# - **Combo kernels are experimental in 2.10** and off by default (a PR to turn them on by default,
-#   pytorch#168050, was closed). Known 2.10-era failures: a recompile with a new shape can hit
-#   `Dynamic shape on reduction dimension is not supported` (use `dynamic=False` or turn combo off;
-#   fixed after 2.10, pytorch#187275); combined random ops failed to compile (pytorch#168124).
-# - **`TRITON_INTERPRET=1` must be set before `triton` is imported**: `triton.jit` checks it when it
-#   decorates a function, and `triton.language` decorates its helpers at import. Set it later (after a
-#   `torch.compile`, say) and the interpreted kernel fails with `Cannot call @triton.jit'd outside of
-#   the scope of a kernel`; `fusion.combo_launch` detects this and says what to do. Set it only on
-#   machines without a GPU: in a GPU process it would also make Inductor's Triton kernels run
-#   interpreted.
-# - **`loop_kernels` is not the number of launches on a CPU**: `generated_kernel_count` counts every
-#   loop nest Inductor generates, while the wrapper calls one `cpp_fused_*` function holding all of
-#   them. Count `kernel_functions` (or read `wrapper_calls`) for calls.
-# - **Threads and generated CPU code.** Inductor decides at compile time whether a loop is split
-#   across threads (`torch.get_num_threads()`, `config.cpp.threads`, and at least
-#   `config.cpp.min_chunk_size` = 512 elements per thread). A parallel loop nest is an OpenMP
-#   `#pragma omp for`, which ends with a barrier: every thread waits for the slowest. On a shared or
-#   oversubscribed machine (CI runners, Binder, a busy laptop) a descheduled thread stalls every
-#   barrier, and the compiled step's time per call jumps by orders of magnitude in bursts (try
-#   `THREADS = 2` on a busy 2-core machine and watch the spread column). Set the thread count *before* compiling: changing it afterwards makes
-#   Dynamo recompile (`GLOBAL_STATE changed: num_threads`, visible with `TORCH_LOGS=recompiles`).
-# - **`run_and_get_code` resets Dynamo** (`torch._dynamo.reset()`): functions compiled before it
-#   recompile on their next call; Inductor's on-disk cache makes that fast.
-#
-# **What the 2.10 article gets wrong here**: it presents "combo-kernel horizontal fusion" as new in
-# 2.10 and working "on all supported hardware platforms". Combo kernels date from 2.5 (pytorch#124969),
-# are off by default and experimental in 2.10, and apply only to Triton-generated GPU code: on a CPU
-# the setting changes nothing (shown above), because the C++ backend already groups independent loops
-# into one function.
+# [The deep dive](02_horizontal_fusion_deep_dive.ipynb) holds the rest, for whoever tunes compiled code
+# or writes kernels: how to read generated code with `fusion.inspect_compiled` and the C++ backend's
+# limits; why a compiled first optimizer step compiles twice (measured); the overhead model (time
+# against the number of tiny ops); other tools against overhead (`cpp_wrapper` on the CPU, CUDA graphs
+# with `mode="reduce-overhead"`, measured on a GPU); a combo kernel written by hand in Triton, checked
+# under Triton's interpreter and timed on a GPU with device time; and the pitfalls. Then
+# [lab 02](../labs/02_fusion_lab.ipynb): write a combo kernel's grid and dispatch yourself, and predict
+# kernel counts.

@@ -13,7 +13,7 @@ from helpers.manifest import entries
 
 REPO = Path(__file__).resolve().parent.parent
 BINDER = REPO / "binder"
-TEST_ONLY = {"jupyter-repo2docker", "playwright"}     # tools of the test suite, not of the lessons
+TEST_ONLY = {"jupyter-repo2docker", "playwright", "jupytext", "ruff"}   # tools of the tests and authors, not of the lessons
 
 
 def pins(path: Path) -> dict[str, str]:

@@ -144,6 +144,9 @@ def test_start_here_renders_figures_and_widgets_round_trip(server, browser):
         slider.focus()
         page.keyboard.press("ArrowRight")          # 8 -> 10: the kernel must run time_at(10)
         out.get_by_text("2^10 floats per tensor").wait_for(timeout=60_000)
+        # a prediction prompt is a real control; Run All answers nothing, and the reveal says so
+        assert page.locator(".widget-radio-box").count() >= 1
+        page.get_by_text("You did not answer").first.wait_for(timeout=5_000)
         page.get_by_text("SKIPPED section 'Accelerator details'").or_(
             page.get_by_text("Section 'Accelerator details' runs here")).first.wait_for(timeout=5_000)
 

@@ -222,18 +222,51 @@ def test_torchdata_matches_serial():
     assert list(data.nodes_loader(data.tokenize, texts, 2)) == [data.tokenize(t) for t in texts]
 
 
+def test_collate_stacks_tensors_and_pads_token_lists():
+    a, b = torch.zeros(2, 3), torch.ones(2, 3)
+    assert torch.equal(data.collate([a, b]), torch.stack([a, b]))
+    padded = data.collate([[1, 2, 3], [4]])
+    assert padded.dtype == torch.int64 and padded.tolist() == [[1, 2, 3], [4, data.PAD, data.PAD]]
+
+
+def test_batched_dataloader_collates_in_the_worker():
+    texts = data.make_texts(5, words=30)
+    dl = data.dataloader(data.tokenize, texts, 2, batch_size=2)
+    try:
+        batches = list(dl)
+    finally:
+        data.shutdown([dl])
+    assert [tuple(b.shape) for b in batches] == [(2, 30), (2, 30), (1, 30)]
+    assert torch.cat(batches).tolist() == [data.tokenize(t) for t in texts]
+
+
+def test_worker_counts_are_capped_and_include_oversubscription():
+    assert data.worker_counts(64, quick=True) == [1, 2]
+    assert data.worker_counts(2, quick=False) == [1, 2, 4]
+    assert data.worker_counts(6, quick=False) == [1, 2, 4, 6]
+    assert data.worker_counts(64, quick=False) == [1, 2, 4, data.MOST_WORKERS]
+
+
 @pytest.mark.requires("torchdata")
 def test_measure_reports_items_per_second():
-    result = data.measure(data.tokenize, data.make_texts(2, words=10), [1], repeats=1, min_run_time=0.001)
-    assert set(result["results"]) == {"serial", "processes x1", "threads x1", "torchdata threads x1"}
-    assert all(r["items_per_s"] > 0 for r in result["results"].values())
-    assert result["threads"] == 1
+    result = data.measure(data.tokenize, data.make_texts(4, words=10), [1, 2], batch_size=2, repeats=1,
+                          min_run_time=0.001)
+    assert result["worker_counts"] == [1, 2] and result["batch_size"] == 2 and result["items"] == 4
+    for k in (1, 2):
+        run = result["by_workers"][k]
+        assert set(run["results"]) == {"serial", *data.LOADERS} and run["threads"] == 1
+        assert all(r["items_per_s"] > 0 for r in run["results"].values())
+    assert len(data.items_per_s(result, "threads")) == 2
+    assert data.speedup(result, "serial", 2) == 1.0
+    table = data.speedup_table(result)
+    assert "processes, batched" in table and "(serial items/s)" in table
 
 
 def test_measure_without_torchdata_leaves_only_its_loader_out():
     result = data.measure(data.tokenize, data.make_texts(2, words=10), [1], repeats=1, min_run_time=0.001,
                           torchdata=False)
-    assert set(result["results"]) == {"serial", "processes x1", "threads x1"}
+    assert set(result["by_workers"][1]["results"]) == {"serial", "threads", "processes, per sample",
+                                                       "processes, batched"}
 
 
 def test_check_same_outputs_names_the_first_differing_item():
@@ -282,6 +315,7 @@ def test_closing_joins_workers_when_the_loop_body_raises():
 def test_interpreter_benchmark_describes_and_times_this_interpreter():
     r = data.interpreter_benchmark(n_texts=4, words=50, workers=2, repeats=1)
     assert r["python"] == sys.version.split()[0] and r["free_threaded"] == bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+    assert r["torch"] == torch.__version__
     assert r["serial_s"] > 0 and r["threads_s"] > 0 and r["speedup"] == pytest.approx(r["serial_s"] / r["threads_s"])
 
 
@@ -295,8 +329,85 @@ def test_interpreter_benchmark_in_another_python_and_its_failure():
 def test_loader_memory_reports_threads_and_each_start_method():
     texts = data.make_texts(4, words=50)
     memory = data.loader_memory(data.tokenize, texts, 1, ("fork",))
-    assert set(memory) == {"before_mb", "threads", "processes (fork)"}
-    assert memory["before_mb"] > 10 and all(isinstance(v, float) for v in memory.values())
+    assert set(memory) == {"measure", "before_mb", "threads", "processes (fork)"}
+    assert memory["measure"] == data.memory_measure() in ("PSS", "RSS")
+    assert memory["before_mb"] > 10 and all(isinstance(memory[k], float) for k in memory if k != "measure")
+
+
+def test_copy_on_access_reports_the_list_and_the_tensor():
+    grown = data.copy_on_access(20_000, chunks=4)
+    assert set(grown) == {"list of Python floats", "float64 tensor"} and all(isinstance(v, float) for v in grown.values())
+
+
+def fake_run(free_threaded, gil, serial_s, threads_s):
+    return {"python": "3.14.0" if free_threaded else "3.12.8", "free_threaded": free_threaded, "gil_enabled": gil,
+            "torch": "2.10.0", "texts": 8, "words": 50, "workers": 2, "repeats": 1,
+            "serial_s": serial_s, "threads_s": threads_s, "speedup": serial_s / threads_s}
+
+
+def fake_record():
+    return {"schema": data.SIDE_BY_SIDE_SCHEMA, "recorded_utc": "2026-12-02 10:00 UTC",
+            "machine": {"cpu": "Some CPU", "usable_cpus": 2, "os": "Linux-x86_64"}, "quick": False,
+            "settings": {"n_texts": 8, "words": 50, "workers": 2, "repeats": 1},
+            "runs": {data.GIL_BUILD: fake_run(False, True, 0.030, 0.032),
+                     data.FT_BUILD: fake_run(True, False, 0.045, 0.025),
+                     data.FT_GIL_FORCED: fake_run(True, True, 0.045, 0.080)}}
+
+
+def test_side_by_side_record_is_written_read_back_and_described(tmp_path, monkeypatch):
+    record = fake_record()
+    path = data.save_side_by_side(record, tmp_path / "a" / "side.json")
+    assert path.exists() and data.recorded_side_by_side(path) == record
+    monkeypatch.setenv(data.SIDE_BY_SIDE_OUT_ENV, str(tmp_path / "from_env.json"))
+    assert data.save_side_by_side(record) == (tmp_path / "from_env.json").resolve()
+    assert data.recorded_side_by_side(tmp_path / "missing.json") is None
+    line = data.provenance(record)
+    assert "2026-12-02 10:00 UTC on Some CPU (2 usable CPUs" in line and "CPython 3.14.0, torch 2.10.0" in line
+    lines = data.side_by_side_lines(record)
+    assert "1.50x the time" in lines[-2] and "1.20x the speed" in lines[-1]
+    (tmp_path / "old.json").write_text('{"schema": "other"}')
+    with pytest.raises(ValueError, match="schema"):
+        data.recorded_side_by_side(tmp_path / "old.json")
+
+
+def test_a_shipped_recorded_run_is_readable():
+    record = data.recorded_side_by_side()
+    if record is None:
+        pytest.skip(f"no recorded run is shipped yet ({data.RECORDED_SIDE_BY_SIDE})")
+    assert set(record["runs"]) == {data.GIL_BUILD, data.FT_BUILD, data.FT_GIL_FORCED}
+    assert record["runs"][data.FT_BUILD]["free_threaded"] and not record["runs"][data.GIL_BUILD]["free_threaded"]
+    data.side_by_side_lines(record)
+    data.provenance(record)
+
+
+def test_side_by_side_pairs_this_gil_build_with_a_free_threaded_one(monkeypatch):
+    calls = []
+
+    def other_build(python, env=None, **kwargs):    # a free-threaded Python, faked
+        calls.append((python, env))
+        return fake_run(True, bool(env), 0.045, 0.080 if env else 0.025)
+
+    monkeypatch.setattr(data, "interpreter_benchmark", lambda **kwargs: fake_run(False, True, 0.030, 0.032))
+    monkeypatch.setattr(data, "interpreter_benchmark_in", other_build)
+    record = data.side_by_side("/opt/python3.14t", n_texts=8, words=50, workers=2, repeats=1, quick=True)
+    assert calls == [("/opt/python3.14t", None), ("/opt/python3.14t", {"PYTHON_GIL": "1"})]
+    assert not record["runs"][data.GIL_BUILD]["free_threaded"] and record["runs"][data.FT_BUILD]["free_threaded"]
+    assert record["runs"][data.FT_GIL_FORCED]["gil_enabled"] and record["quick"] and record["schema"]
+    assert record["machine"]["usable_cpus"] >= 1 and record["recorded_utc"].endswith("UTC")
+    data.side_by_side_lines(record)
+
+
+def test_side_by_side_needs_the_other_kind_of_build():
+    with pytest.raises(ValueError, match="same kind of build"):
+        data.side_by_side(sys.executable, n_texts=2, words=10, repeats=1)
+
+
+def test_side_by_side_command_says_what_it_needs(monkeypatch):
+    from helpers import device
+    monkeypatch.setattr(device, "capabilities", lambda: device.probe())
+    monkeypatch.delenv(device.OTHER_PYTHON_ENV, raising=False)
+    with pytest.raises(SystemExit, match="LABS_OTHER_PYTHON"):
+        data._main(["side-by-side"])
 
 
 @pytest.mark.requires("cxx")

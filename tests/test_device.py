@@ -1,5 +1,7 @@
 """The device layer: real detection on this machine, and every vendor faked through probe()'s arguments."""
+import dataclasses
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -274,3 +276,39 @@ def test_marker_runs_only_on_cuda():
 def test_gpu_marker_matmul_on_the_device():
     x = torch.randn(64, 64, device=pick_device())
     torch.testing.assert_close((x @ x).cpu(), x.cpu() @ x.cpu(), rtol=1e-2, atol=1e-2)
+
+
+def test_learning_path_gives_times_skips_and_what_next_for_the_machine():
+    from helpers.doctor import core_lessons_skipping, learning_path
+    from helpers.manifest import entries
+    cpu = probe_fake(fake_torch(None))
+    h200 = probe_fake(fake_torch("cuda", props=SimpleNamespace(name="H200", total_memory=2**37, major=9, minor=0)))
+    text = learning_path(cpu)
+    for item in entries():
+        assert f"{item['minutes']:>3} min  {item['title']}" in text
+        for section in item["sections"]:
+            assert (f"skips here: {section['name']} (needs " in text) == bool(missing(*section["needs"], caps=cpu))
+    assert "Open next: lesson 01" in text and "on a GPU the skipped sections run too" in text
+    assert "this GPU runs the GPU sections" in learning_path(h200)
+    assert "07_memory" in core_lessons_skipping(cpu) and "07_memory" not in core_lessons_skipping(h200)
+
+
+def test_usable_cpus_follow_the_affinity_mask_and_the_cgroup_quota(tmp_path):
+    quota = tmp_path / "cpu.max"
+    unlimited = device.usable_cpus(cpu_max=str(tmp_path / "absent"))
+    assert unlimited >= 1
+    quota.write_text("150000 100000\n")           # docker --cpus 1.5: two CPUs, rounded up
+    assert device.usable_cpus(cpu_max=str(quota)) == min(unlimited, 2)
+    quota.write_text("max 100000\n")
+    assert device.usable_cpus(cpu_max=str(quota)) == unlimited
+    if hasattr(os, "sched_getaffinity"):
+        assert unlimited <= len(os.sched_getaffinity(0))
+
+
+def test_gil_is_read_live_for_this_process_and_from_the_fake_otherwise(monkeypatch):
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
+    assert device.gil_on() is False, "a live read, not the cached probe"
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
+    assert device.gil_on() is True
+    fake = probe_fake(fake_torch(None))
+    assert device.gil_on(dataclasses.replace(fake, gil_enabled=False)) is False

@@ -147,6 +147,145 @@ def test_generated_code_parsing():
         fusion.kernel_source(SAMPLE_CODE, "nope")
 
 
+TRITON_SAMPLE = """
+triton_poi_fused_0 = async_compile.triton('triton_poi_fused_0', '''
+@triton.jit
+def triton_poi_fused_0(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xnumel = 1000
+''', device_str='cuda')
+triton_poi_fused_1 = async_compile.triton('triton_poi_fused_1', '''
+def triton_poi_fused_1(in_ptr0): pass
+''', device_str='cuda')
+"""
+
+
+def test_kernel_source_reads_a_triton_kernel_to_its_end():
+    source = fusion.kernel_source(TRITON_SAMPLE, "triton_poi_fused_0")
+    assert source.splitlines()[-1] == "''', device_str='cuda')"
+    assert "triton_poi_fused_1(" not in source and "xnumel = 1000" in source
+
+
+# --- Inductor's own tools: TORCH_LOGS, TORCH_COMPILE_DEBUG ----------------------------------------
+
+LOG_SAMPLE = """\
+V1202 08:19:29.462000 4639 torch/_inductor/scheduler.py:4995] [0/0] [__fusion] ===== attempting fusion (1/10): 2 nodes =====
+V1202 08:19:29.463000 4639 torch/_inductor/scheduler.py:6452] [0/0] [__fusion] found 0 possible fusions
+W1202 08:19:30.000000 4639 torch/_inductor/debug.py:545] [0/0] model__0_inference_0 debug trace: /tmp/x
+V1202 08:19:41.268000 4639 .venv/lib/python3.11/site-packages/torch/_inductor/graph.py:2722] [0/0] [__output_code] Output code:
+V1202 08:19:41.268000 4639 torch/_inductor/graph.py:2722] [0/0] [__output_code]     cpp_fused_cos_sin_0(arg0_1, buf0)
+V1202 08:19:41.268000 4639 torch/_inductor/graph.py:2722] [__recompiles] Recompiling function step
+"""
+
+
+def test_torch_log_lines_cut_the_prefix_and_keep_one_artifact():
+    assert fusion.torch_log_lines(LOG_SAMPLE, "fusion") == ["===== attempting fusion (1/10): 2 nodes =====",
+                                                            "found 0 possible fusions"]
+    assert fusion.torch_log_lines(LOG_SAMPLE, "output_code") == ["Output code:", "    cpp_fused_cos_sin_0(arg0_1, buf0)"]
+    assert fusion.torch_log_lines(LOG_SAMPLE, "recompiles") == ["Recompiling function step"]
+    assert fusion.torch_log_lines("plain text\n", "fusion") == []
+
+
+IR_SAMPLE = """\
+op0: SchedulerNode(ComputedBuffer)
+op0.writes = [MemoryDep('buf0', c0, {c0: 4096})]
+class op0_loop_body:
+    var_ranges = {p0: 4096}
+
+
+op1_op2: FusedSchedulerNode(SchedulerNode,SchedulerNode)
+op1_op2.writes = [MemoryDep('buf1', c0, {c0: 4096}), MemoryDep('buf2', c0, {c0: 4096})]
+op1_op2.snodes[0] =
+op1: SchedulerNode(ComputedBuffer)
+op1.writes = [MemoryDep('buf1', c0, {c0: 4096})]
+op1_op2.snodes[1] =
+op2: SchedulerNode(ComputedBuffer)
+"""
+
+
+def test_scheduler_nodes_lists_the_top_level_nodes():
+    assert fusion.scheduler_nodes(IR_SAMPLE) == ["op0: SchedulerNode", "op1_op2: FusedSchedulerNode"]
+    assert fusion.scheduler_nodes("") == []
+
+
+def test_debug_trace_file_says_why_nothing_was_written(tmp_path):
+    with pytest.raises(FileNotFoundError, match="fx_graph_cache"):
+        fusion.debug_trace_file(tmp_path, "ir_post_fusion.txt")
+    (tmp_path / "torchinductor" / "model__0_inference_0.0").mkdir(parents=True)
+    (tmp_path / "torchinductor" / "model__0_inference_0.0" / "ir_post_fusion.txt").write_text("op0: SchedulerNode(x)")
+    assert fusion.debug_trace_file(tmp_path, "ir_post_fusion.txt") == "op0: SchedulerNode(x)"
+
+
+def test_the_lesson_tools_on_a_real_compile(tmp_path):
+    """What lesson 02 runs: TORCH_LOGS="output_code,fusion" and the debug trace, with the FX graph cache off."""
+    import contextlib
+    import io
+
+    def mixed(x, y):
+        return (x * 2 + 1).relu(), y.sin(), y.cos()
+    x, y = torch.randn(100), torch.randn(100)
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(log):
+            torch._logging.set_logs(output_code=True, fusion=True)
+            out = torch.compile(mixed, options={"fx_graph_cache": False, "trace.enabled": True,
+                                                "trace.debug_dir": str(tmp_path)})(x, y)
+    finally:
+        torch._logging.set_logs()
+    for got, want in zip(out, mixed(x, y)):
+        torch.testing.assert_close(got, want)
+    assert any("fusion" in line for line in fusion.torch_log_lines(log.getvalue(), "fusion"))
+    code = "\n".join(fusion.torch_log_lines(log.getvalue(), "output_code"))
+    assert len(fusion.kernel_functions(code)) == 1
+    assert len(fusion.scheduler_nodes(fusion.debug_trace_file(tmp_path, "ir_pre_fusion.txt"))) == 3
+    post = fusion.scheduler_nodes(fusion.debug_trace_file(tmp_path, "ir_post_fusion.txt"))
+    assert len(post) == 2 and any("FusedSchedulerNode" in node for node in post)
+
+
+# --- Combo kernels: the dispatch Inductor writes, and reading it back --------------------------------
+
+def test_combo_utilization():
+    assert fusion.combo_utilization([4096, 4096, 4096, 512]) == pytest.approx(0.78125)
+    assert fusion.combo_utilization([-4, 4]) == 1.0
+    with pytest.raises(ValueError, match="non-empty"):
+        fusion.combo_utilization([0, 0])
+
+
+@pytest.mark.parametrize("numels, scheme", [([1024 + 37 * i for i in range(8)], "round_robin"),
+                                            ([256 + 37 * i for i in range(6)], "sequential"),
+                                            ([4096, 4096, 4096, 512], "sequential"),
+                                            ([4096, 4096, 4096, 1024], "round_robin")])
+def test_inductor_dispatch_code_reads_back_as_its_scheme(numels, scheme):
+    code = fusion.inductor_dispatch_code(numels)
+    assert fusion.inductor_combo_dispatch_strategy(numels) == scheme
+    body = "\n".join("    " + line for line in code.splitlines())
+    generated = f"k = async_compile.triton('k', '''\ndef k(XBLOCK: tl.constexpr):\n{body}\n''', device_str='cuda')\n"
+    found = fusion.combo_dispatches(generated)
+    assert [(d.name, d.scheme, d.numels) for d in found] == [("k", scheme, numels)]
+    marker = f"if pid % {len(numels)} == 0:" if scheme == "round_robin" else "if pid < num_xblocks_0:"
+    assert marker in code
+    short = fusion.inductor_dispatch_code(numels, show=2)
+    assert short.count("xnumel = ") == 2 and f"sub-kernels 2 to {len(numels) - 1}" in short
+    with pytest.raises(ValueError, match="positive"):
+        fusion.inductor_dispatch_code([4, 0])
+
+
+def test_combo_dispatches_ignores_plain_kernels_and_knows_the_flattened_grid():
+    assert fusion.combo_dispatches(TRITON_SAMPLE) == []
+    flat = ("k = async_compile.triton('k', '''\n    pid = tl.program_id(0)\n    num_blocks_0 = x_blocks_0\n"
+            "    if pid < num_blocks_0:\n        local_pid = pid\n        xnumel = 64\n''', device_str='cuda')\n")
+    assert fusion.combo_dispatches(flat)[0].scheme == "sequential_flatten"
+
+
+def test_per_subkernel_blocks_follow_the_installed_inductor():
+    from torch._inductor.codegen.triton_combo_kernel import ComboKernel
+    got = fusion.inductor_combo_dispatch_strategy([512, 512], per_subkernel_blocks=True)
+    if hasattr(ComboKernel, "SequentialFlattenGridDispatch"):      # after 2.10 (pytorch#172527)
+        assert got == "sequential_flatten"
+    else:
+        assert got == "round_robin"
+    assert fusion.inductor_combo_dispatch_strategy([512, 512], mixed_sizes=False) == "sequential"
+
+
 def test_combo_options_exist_in_inductor_config():
     import torch._inductor.config as config
     for name in (*fusion.COMBO_ON, *fusion.COMBO_OFF, "combo_kernels_autotune", "combo_kernel_allow_mixed_sizes",
