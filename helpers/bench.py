@@ -86,6 +86,13 @@ def compare(candidates: dict[str, Callable[[], object]], *, baseline: str | None
     return result
 
 
+def separated(result: dict, a: str, b: str) -> bool:
+    """Whether two candidates' times did not overlap over the repeats (one's slowest repeat beat the
+    other's fastest): a ratio between overlapping candidates is too close to call on this run."""
+    ra, rb = result["results"][a], result["results"][b]
+    return ra["max_s"] < rb["min_s"] or rb["max_s"] < ra["min_s"]
+
+
 FIGURES_LOG_ENV = "LABS_FIGURES_LOG"
 
 

@@ -6,7 +6,7 @@
 # | **What you will learn** | why many small operations are slow; vertical vs horizontal fusion, read with Inductor's own tools (`TORCH_LOGS`, `TORCH_COMPILE_DEBUG`, `torch.profiler`); the production case: `_foreach_` and a compiled `optimizer.step`; what `combo_kernels` does (GPU only, off by default) and which of its two dispatch schemes Inductor picks |
 # | **Prerequisites** | lesson 00; basic `torch.compile` |
 # | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend compiles C++). With Triton on an NVIDIA/AMD/Intel GPU, one more section runs: Inductor's combo kernels, off vs on |
-# | **Time** | 41 minutes |
+# | **Time** | 42 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02); the config names and the dispatch rule were read in the 2.10.0 and 2.13.0 wheels (`torch/_inductor/config.py`, `torch/_inductor/codegen/triton_combo_kernel.py`), and cells print them from the torch you run; combo kernels came in 2.5: foreach cases in pytorch#124969, the automatic horizontal fusion that `combo_kernels=True` turns on in #131675 (relanded as #133291) |
 #
 # The story: many small ops cost a trip each → fusion removes trips (vertical and horizontal) → the
@@ -92,6 +92,10 @@ reveal(foreach_guess, foreach_ratio,
 # | logs | `TORCH_LOGS="output_code,fusion" python train.py` | `torch._logging.set_logs(output_code=True, fusion=True)` |
 # | debug dump | `TORCH_COMPILE_DEBUG=1` (files under `./torch_compile_debug/`) | compile options `trace.enabled` (what that variable sets in `torch/_inductor/config.py`) and `trace.debug_dir` |
 # | profiler | `torch.profiler.profile` | the same (next section) |
+#
+# Words: **Dynamo** captures your Python into a graph (and **guards** check, at each call, that the graph
+# still applies); **AOTAutograd** traces it to ATen ops (and the backward); **Inductor** lowers those ops to
+# IR nodes, which its **scheduler** fuses, then generates C++ or Triton code for them.
 #
 # The debug dump holds `ir_pre_fusion.txt` and `ir_post_fusion.txt`: the scheduler's nodes before and
 # after it fused them. A compile served from Inductor's FX graph cache skips the scheduler and logs
@@ -253,6 +257,9 @@ bench.save_json(step_result, "../runs/02_horizontal_fusion_sgd.json")
 bench.plot(step_result, title=f"SGD-momentum step over {N_TENSORS} tensors ({DEVICE.type})").show()
 
 # %% [markdown]
+# A compiled step that comes out *slower* than the eager loop here is paying its fixed cost per call (the
+# guard check and the wrappers in the events above) on a step of only a few small tensors; the cost stays
+# the same as the model grows while the trips it saves grow with it, and on a GPU each trip saved is a launch.
 # On a CPU the generated function still runs the tensors' loops one after another: horizontal fusion
 # saves the trips, not the work. On a GPU the compiled `sgd_step` becomes one Triton kernel per tensor, a
 # launch each (the compiled `torch.optim` step fewer: its foreach kernels already pack many tensors into
@@ -320,7 +327,10 @@ print(fusion.inductor_dispatch_code(groups[0], show=2))
 first = groups[0]
 reveal(dispatch_guess, fusion.inductor_combo_dispatch_strategy(first),
        why=f"sum {sum(first)} / ({max(first)} x {len(first)}) = {fusion.combo_utilization(first):.2f}, against "
-           "the bar of 0.8: above it the idle programs of round-robin are few enough to run the parts side by side.");
+           "the bar of 0.8: " + ("above it, round-robin's idle programs are few enough to run the parts side by side."
+                                 if fusion.combo_utilization(first) > 0.8 else "below it, round-robin would leave "
+                                 "too many programs idle, so the parts run one after another.")
+           + " Quick mode's smaller tensors give other sizes, and maybe the other answer.");
 
 # %% [markdown]
 # ### Your turn: flip the dispatch

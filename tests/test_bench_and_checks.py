@@ -119,3 +119,11 @@ def test_your_turn_reports_not_yet_without_stopping_the_lesson(capsys):
     assert "Not yet." in out and "try a power of two" in out
     assert your_turn(lambda: check_equal(4, 4, what="the size"), what="the size") is True
     assert "done" in capsys.readouterr().out
+
+
+def test_separated_tells_overlapping_spreads_from_distinct_ones():
+    from helpers.bench import separated
+    result = {"results": {"a": {"min_s": 1.0, "max_s": 2.0}, "b": {"min_s": 1.5, "max_s": 3.0},
+                          "c": {"min_s": 2.5, "max_s": 4.0}}}
+    assert not separated(result, "a", "b") and not separated(result, "b", "c")
+    assert separated(result, "a", "c") and separated(result, "c", "a")

@@ -122,7 +122,7 @@ else:
 #
 # Four functions, compiled for the **CPU** (Inductor's C++ backend, the same on every machine). For
 # each, predict how many generated kernel functions (`cpp_fused_*`) the compiled wrapper calls.
-# Remember from lesson 02: the C++ backend groups consecutive loop nests into one function, and
+# Remember from lesson 02 and its deep dive: the C++ backend groups consecutive loop nests into one function, and
 # starts a new function only around a call it does not generate itself (a matmul goes to a library:
 # `extern_kernels.mm`).
 
