@@ -36,6 +36,9 @@ BACKEND_OPS = {
     "aten::_scaled_dot_product_efficient_attention": "EFFICIENT_ATTENTION",
     "aten::_scaled_dot_product_cudnn_attention": "CUDNN_ATTENTION",
     "aten::_scaled_dot_product_fused_attention_overrideable": "OVERRIDEABLE",
+    # the kernels' own ops, which CausalBias (causal_lower_right) and varlen_attn call directly
+    "aten::_flash_attention_forward": "FLASH_ATTENTION",
+    "aten::_efficient_attention_forward": "EFFICIENT_ATTENTION",
 }
 MATH_OPS = {"aten::bmm", "aten::matmul", "aten::_safe_softmax"}
 BACKENDS = ("MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
@@ -81,6 +84,14 @@ def backend_that_runs(q, k, v, backends: list[str] | None = None, **sdpa_kwargs)
     with sdpa_kernel(allowed), OpNames() as ops:
         F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
     return backend_from_ops(ops.names)
+
+
+def priority_order() -> list[str]:
+    """The backends in the order SDPA tries them on CUDA (torch._C._get_sdp_priority_order(): per process,
+    changed by sdpa_kernel(..., set_priority=True)). A CUDA build sets its default at the first SDPA call on
+    the GPU: cuDNN first on sm90/sm100 when check_prefer_cudnn_attention() holds (sdp_utils.cpp), so read it
+    after one call there. The CPU selector ignores it: flash, then MATH (sdp_utils_cpp.cpp)."""
+    return [SDPBackend(int(i)).name for i in torch._C._get_sdp_priority_order()]
 
 
 def backend_report(q, k, v, **sdpa_kwargs) -> dict[str, str]:
@@ -191,6 +202,56 @@ def ragged_kernels(seqs: list[torch.Tensor], *, varlen: bool = True) -> dict[str
     return kernels
 
 
+def ragged_training_fns(lengths: list[int], *, varlen: bool = True, flex: bool = True, device="cpu") -> dict:
+    """Attention over a ragged batch as functions of the packed (total_tokens, heads, head_dim) q, k, v that
+    return the packed output, every layout change inside them differentiable, so one training step is
+    fn(q, k, v).backward(grad) and the gradients of every method compare directly. varlen=False leaves out
+    varlen_attn and its compiled form (CUDA kernels), flex=False the compiled FlexAttention."""
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    offsets[1:] = torch.tensor(lengths).cumsum(0)
+    offsets, longest = offsets.to(device), max(lengths)
+    keep = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).to(device)[:, None, None, :]
+
+    def padded(q, k, v):
+        q, k, v = (nn.utils.rnn.pad_sequence(x.split(lengths), batch_first=True).transpose(1, 2) for x in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2)
+        return torch.cat([o[:n] for o, n in zip(out, lengths)])
+
+    fns = {"padded + mask": padded}
+    if varlen:
+        from torch.nn.attention.varlen import varlen_attn
+
+        def packed(q, k, v):
+            return varlen_attn(q, k, v, offsets, offsets, longest, longest)
+        fns["varlen_attn"], fns["varlen_attn compiled"] = packed, torch.compile(packed)
+    if flex:
+        from torch.nn.attention.flex_attention import flex_attention
+        block_mask = document_block_mask(lengths, device=device, compiled=True)
+        flex_compiled = torch.compile(flex_attention)
+
+        def flex(q, k, v):
+            q, k, v = (x.transpose(0, 1)[None].contiguous() for x in (q, k, v))
+            return flex_compiled(q, k, v, block_mask=block_mask)[0].transpose(0, 1)
+        fns["flex compiled"] = flex
+    return fns
+
+
+def packed_grads(fn: Callable, q, k, v, grad_out) -> tuple[torch.Tensor, ...]:
+    """(out, dq, dk, dv) of fn on leaves copied from q, k, v, for the upstream gradient grad_out."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = fn(q, k, v)
+    return (out.detach(), *torch.autograd.grad(out, (q, k, v), grad_out))
+
+
+def loop_reference_fn(lengths: list[int], dtype=torch.float32) -> Callable:
+    """Attention one sequence at a time in `dtype` (no padding, no packing): the gradients' reference."""
+    def per_sequence(q, k, v):
+        outs = [F.scaled_dot_product_attention(*(x.transpose(0, 1)[None].to(dtype) for x in s))[0].transpose(0, 1)
+                for s in zip(q.split(lengths), k.split(lengths), v.split(lengths))]
+        return torch.cat(outs).to(q.dtype)
+    return per_sequence
+
+
 def ragged_tflop(lengths: list[int], heads: int, head_dim: int) -> float:
     """The useful work of one non-causal attention forward over a ragged batch, in TFLOP:
     two matmuls of n x n x head_dim per sequence and head (padding not counted)."""
@@ -230,23 +291,31 @@ def peak_memory_per_backend(q: torch.Tensor, backends, *, causal: bool = True) -
     return peaks
 
 
-def rocm_flash_library_that_ran(fn: Callable[[], object]) -> str:
-    """Which ROCm flash-attention library fn's kernels came from, read from the profiler's kernel names:
-    "ck" (Composable Kernel: fmha/ck_tile kernels), "aotriton" (attn_fwd), or "unknown: <names>".
-    preferred_rocm_fa_library("ck") only warns when CK cannot be used, so the name is the proof."""
+def gpu_kernel_names(fn: Callable[[], object]) -> set[str]:
+    """The names of the GPU kernels fn launched, from torch.profiler (NVIDIA and AMD GPUs)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.accelerator.synchronize()
-    names = {e.name for e in prof.events() if e.device_type.name in ("CUDA", "PrivateUse1")}
-    return library_from_kernel_names(names)
+    return {e.name for e in prof.events() if e.device_type.name in ("CUDA", "PrivateUse1")}
+
+
+def rocm_flash_library_that_ran(fn: Callable[[], object]) -> str:
+    """Which ROCm flash-attention library fn's kernels came from, read from the profiler's kernel names:
+    "ck" (Composable Kernel: ck_tile FmhaFwdKernel/FmhaBwd* kernels), "aotriton" (its Triton kernels
+    attn_fwd/bwd_kernel*, or the AITER fmha_v3 assembly kernels it also dispatches), or "unknown: <names>".
+    preferred_rocm_fa_library("ck") only warns when CK cannot be used, so the name is the proof."""
+    return library_from_kernel_names(gpu_kernel_names(fn))
 
 
 def library_from_kernel_names(names) -> str:
+    """CK's kernels are ck_tile templates (ck_tile::FmhaFwdKernel, FmhaBwdDQDKDVKernel, ...). "fmha" alone
+    does not say CK: AOTriton also dispatches AITER's fmha_v3 assembly kernels, forward and backward
+    (ROCm/aotriton#158), whose names start with fmha_fwd/fmha_bwd too."""
     lowered = [n.lower() for n in names]
-    if any("ck_tile" in n or "fmha" in n for n in lowered):
+    if any("ck_tile" in n or "fmhafwdkernel" in n or "fmhabwd" in n for n in lowered):
         return "ck"
-    if any("attn_fwd" in n for n in lowered):
+    if any("attn_fwd" in n or "bwd_kernel" in n or "aiter" in n for n in lowered):
         return "aotriton"
     return "unknown: " + ", ".join(sorted(names)[:5])
 
@@ -279,9 +348,11 @@ def document_ids(lengths: list[int], device="cpu") -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device)
 
 
-def document_block_mask(lengths: list[int], *, block_size: int = 128, device="cpu"):
+def document_block_mask(lengths: list[int], *, block_size: int = 128, device="cpu", compiled: bool = False):
     """A FlexAttention BlockMask that lets a token attend only to tokens of its own sequence, for the
-    packed batch of `lengths` seen as one row of sum(lengths) tokens."""
+    packed batch of `lengths` seen as one row of sum(lengths) tokens. Eager create_block_mask evaluates the
+    mask over the whole total x total grid (memory in total²); compiled=True builds it with
+    torch.compile(create_block_mask), which never writes that dense mask (for long packed batches)."""
     from torch.nn.attention.flex_attention import create_block_mask
     doc = document_ids(lengths, device)
 
@@ -289,7 +360,8 @@ def document_block_mask(lengths: list[int], *, block_size: int = 128, device="cp
         return doc[q_idx] == doc[kv_idx]
 
     total = sum(lengths)
-    return create_block_mask(same_document, None, None, total, total, device=device, BLOCK_SIZE=block_size)
+    build = torch.compile(create_block_mask) if compiled else create_block_mask
+    return build(same_document, None, None, total, total, device=device, BLOCK_SIZE=block_size)
 
 
 def blocks_computed(block_mask) -> tuple[int, int]:
@@ -420,11 +492,14 @@ def cpu_peak_bytes(fn: Callable[[], object]) -> int:
 
 
 def cpu_peak_memory_per_backend(seq_lens: list[int], batch: int = 1, heads: int = 4, head_dim: int = 64,
-                                backends=("MATH", "FLASH_ATTENTION"), *, causal: bool = True) -> dict:
-    """Peak bytes of one causal forward per backend and sequence length, fp32 on the CPU."""
+                                backends=("MATH", "FLASH_ATTENTION"), *, causal: bool = True,
+                                dtype=torch.float32) -> dict:
+    """Peak bytes of one causal forward per backend and sequence length on the CPU. score_matrix_bytes is one
+    fp32 score matrix: MATH keeps its scores in fp32 for fp16/bf16 inputs too (unless
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True))."""
     peaks = {}
     for n in seq_lens:
-        q, k, v = (torch.randn(batch, heads, n, head_dim) for _ in range(3))
+        q, k, v = (torch.randn(batch, heads, n, head_dim).to(dtype) for _ in range(3))
 
         def forward(b):
             def call():
@@ -432,7 +507,7 @@ def cpu_peak_memory_per_backend(seq_lens: list[int], batch: int = 1, heads: int 
                     F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             return call
         peaks[n] = {b: cpu_peak_bytes(forward(b)) for b in backends}
-    return {"seq_lens": list(seq_lens), "backends": list(backends), "peak_bytes": peaks,
+    return {"seq_lens": list(seq_lens), "backends": list(backends), "peak_bytes": peaks, "dtype": str(dtype),
             "score_matrix_bytes": {n: batch * heads * n * n * 4 for n in seq_lens}}
 
 

@@ -2,6 +2,7 @@
 
     trace = debugging.hash_trace(model, x)                   # [(op name, hash), ...] via DebugMode
     debugging.first_divergence(trace_a, trace_b)             # where two runs start to differ
+    debugging.op_modules(model, x)[i]                        # the submodule that ran op i of the trace
     debugging.run_gloo_job("mismatched_shapes", timeout_s=3) # {"rank 0": "...error text...", ...}
 
 DebugMode is `torch.utils._debug_mode.DebugMode` (new in 2.10, private: its module may move). The gloo
@@ -30,20 +31,56 @@ def op_trace(fn: Callable, *args) -> str:
     return mode.debug_string()
 
 
-def hash_trace(fn: Callable, *args, hash_fn: str = "norm") -> list[tuple[str, tuple[float, ...]]]:
-    """One (op name, output hashes) pair per dispatched op, from DebugMode.log_tensor_hashes.
+def hash_trace(fn: Callable, *args, hash_fn: str = "norm") -> list[tuple[str, tuple[float | int, ...]]]:
+    """One (op name, output hashes) pair per dispatched aten op, from DebugMode.log_tensor_hashes.
 
     hash_fn "norm" is a float summary (the L1 norm) that moves a little for a little numeric change;
-    "hash_tensor" is a bitwise XOR hash: equal only for identical bits."""
+    "hash_tensor" is torch.hash_tensor, an XOR over the bits of every element, kept as the 64-bit int it
+    is (as a float it would lose the low bits, where a 1-ulp change of a float64 value lands). Different
+    hashes mean different bits; equal hashes do not prove equal bits (an XOR cancels equal pairs).
+    Only aten ops are kept: the Triton kernels DebugMode logs on a GPU carry their hashes elsewhere
+    (`post_hashes`), and DebugMode.check_hash_mismatches(mode.logs, ...) compares those."""
     from torch.utils._debug_mode import DebugMode
     with DebugMode() as mode, DebugMode.log_tensor_hashes(hash_fn=hash_fn):
         fn(*args)
     trace = []
     for call in mode.operators:
         if call.log and "hash" in call.log:
-            hashes = tuple(float(h) for h in tree_leaves(call.log["hash"]) if h is not None)
+            hashes = tuple(h if isinstance(h, int) else float(h) for h in tree_leaves(call.log["hash"])
+                           if h is not None)
             trace.append((str(getattr(call, "op", call)), hashes))
     return trace
+
+
+def op_modules(model: torch.nn.Module, *args) -> list[str]:
+    """For each op hash_trace(model, *args) records, in the same order, the innermost submodule that ran
+    it: its name in model.named_modules() ("" for model itself). DebugMode(record_nn_module=True) prints
+    the same as "[nn.Mod]" lines; plain forward hooks read it here because DebugMode's log entries for
+    modules changed class after 2.10."""
+    from torch.utils._debug_mode import DebugMode
+    stack = [""]
+
+    def enter(name):
+        return lambda module, inputs: stack.append(name)       # returns None: the inputs stay as they are
+
+    def leave(module, inputs, output):
+        stack.pop()                                             # returns None: the output stays as it is
+
+    handles = []
+    for name, module in model.named_modules():
+        handles += [module.register_forward_pre_hook(enter(name)), module.register_forward_hook(leave)]
+
+    def where(func, types, args, kwargs, result):
+        return {"module": stack[-1]}
+
+    try:
+        with (DebugMode() as mode, DebugMode.log_tensor_hashes(),
+              DebugMode.dispatch_hooks(log_hook=where)):
+            model(*args)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [call.log["module"] for call in mode.operators if call.log and "hash" in call.log]
 
 
 def _same_ops(a: list, b: list) -> None:

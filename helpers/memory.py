@@ -28,8 +28,8 @@ def profile_steps(step: Callable[[], object], steps: int = 2) -> profile:
     """Run `step` `steps` times under torch.profiler with memory profiling on (CPU activity).
 
     The memory timeline needs profile_memory, record_shapes and with_stack all on. The events are read
-    right away: on torch 2.13 reading them occasionally fails with UnicodeDecodeError (garbage event
-    names, seen after a TorchDispatchMode ran in the process); then the steps are profiled once more."""
+    right away: reading a with_stack=True profile can fail with UnicodeDecodeError, an open profiler bug
+    (pytorch/pytorch#136040, #64345); then the steps are profiled once more."""
     if steps < 1:
         raise ValueError("steps must be >= 1")
     for attempt in range(2):
@@ -94,10 +94,41 @@ def timeline_figure(tl: dict, title: str = "Memory timeline by category"):
 
 
 def top_allocations(prof: profile, n: int = 8) -> list[dict]:
-    """The ops that allocated the most memory themselves (self CPU memory, positive part)."""
+    """The ATen operators that allocated the most memory themselves (self CPU memory, positive part).
+    Python-frame events (recorded with with_stack=True) are left out: a frame's self memory is what no
+    operator under it allocated."""
     rows = [{"op": e.key, "self_bytes": e.self_cpu_memory_usage, "calls": e.count}
-            for e in prof.key_averages() if e.self_cpu_memory_usage > 0]
+            for e in prof.key_averages() if e.self_cpu_memory_usage > 0 and e.key.startswith("aten::")]
     return sorted(rows, key=lambda r: -r["self_bytes"])[:n]
+
+
+def uncategorized(prof: profile, n: int = 5) -> list[dict]:
+    """What the timeline calls "unknown": tensors to which no rule of torch/profiler/_memory_profiler.py
+    gives a category. Grouped by the op that allocated them and its nearest Python frame, the n groups
+    that created the most bytes. Reads the exporter's own (private) MemoryProfile, prof._memory_profile()."""
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import Action, TensorKey
+    mp = prof._memory_profile()
+    made_by = {}
+    for event in mp._op_tree.dfs():
+        if event.typed[0] == _EventType.Allocation and event.typed[1].alloc_size > 0:
+            key = TensorKey.from_allocation(event.typed[1])
+            if key is not None:
+                made_by[key] = event.parent
+    groups: dict[tuple[str, str], dict] = {}
+    for _, action, (key, version), size in mp.timeline:
+        if action != Action.CREATE or mp._categories.get(key, version) is not None:
+            continue
+        op, caller = made_by.get(key), None
+        frame = op.parent if op is not None else None
+        while frame is not None and caller is None:
+            caller = frame.name if frame.typed[0] == _EventType.PyCall else None
+            frame = frame.parent
+        name = (op.name if op is not None else "(an allocation not tied to a tensor)", caller or "")
+        group = groups.setdefault(name, {"op": name[0], "caller": name[1], "bytes": 0, "tensors": 0})
+        group["bytes"] += size
+        group["tensors"] += 1
+    return sorted(groups.values(), key=lambda g: -g["bytes"])[:n]
 
 
 def mib(nbytes: float) -> str:
@@ -125,10 +156,14 @@ def mlp(width: int = 256, depth: int = 4, checkpointed: bool = False) -> nn.Modu
     return Checkpointed()
 
 
-def training_step(model: nn.Module, batch: int, width: int, seed: int = 0) -> Callable[[], float]:
-    """A closure doing forward, backward and an Adam step on a fixed random batch."""
+def training_step(model: nn.Module, batch: int, width: int, seed: int = 0,
+                  device: torch.device | str | None = None) -> Callable[[], float]:
+    """A closure doing forward, backward and an Adam step on a fixed random batch (drawn on the CPU, then
+    moved to `device`, where the model must already be)."""
     gen = torch.Generator().manual_seed(seed)
     x, y = torch.randn(batch, width, generator=gen), torch.randn(batch, 1, generator=gen)
+    if device is not None:
+        x, y = x.to(device), y.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step() -> float:
@@ -195,12 +230,16 @@ def gated_stack(width: int = 128, depth: int = 4, checkpointing: str = "none") -
 def checkpoint_comparison(batch: int = 512, width: int = 128, depth: int = 4, *, steps: int = 1,
                           repeats: int = 3, min_run_time: float = 0.05) -> dict:
     """Peak activation memory (profiler timeline) and time per step of a GatedMLP stack without
-    checkpointing, with full and with selective (save the matmuls) activation checkpointing."""
+    checkpointing, with full and with selective (save the matmuls) activation checkpointing. One step
+    runs before the profiled ones, as in later training steps: in a first step the total peak can be
+    Adam creating its state in opt.step() (it is at small batches), after backward has freed the
+    activations, where checkpointing cannot lower it."""
     out = {"batch": batch, "width": width, "depth": depth, "peak_bytes": {}, "activation_peak_bytes": {}}
     candidates = {}
     for mode in CHECKPOINTING:
         torch.manual_seed(0)
         step = training_step(gated_stack(width, depth, mode), batch, width)
+        step()
         tl = timeline(profile_steps(step, steps=steps))
         out["peak_bytes"][mode] = peak_bytes(tl)
         out["activation_peak_bytes"][mode] = peak_bytes(tl, "activation")

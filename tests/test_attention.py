@@ -139,6 +139,23 @@ def test_ragged_kernels_compute_what_the_wrappers_do_with_inputs_prepared_once()
     assert attention.ragged_tflop([5, 9], heads=2, head_dim=8) == 4 * (25 + 81) * 2 * 8 / 1e12
 
 
+def test_ragged_training_fns_give_the_loop_reference_gradients_on_cpu():
+    lengths = [5, 12, 3]
+    seqs = attention.random_ragged(lengths, 2, 8, dtype=torch.float64)
+    q, k, v = (attention.pack(seqs)[0] + i for i in range(3))
+    grad = torch.randn_like(q)
+    fns = attention.ragged_training_fns(lengths, varlen=False, flex=False)
+    assert list(fns) == ["padded + mask"]
+    want = attention.packed_grads(attention.loop_reference_fn(lengths, torch.float64), q, k, v, grad)
+    for got, ref in zip(attention.packed_grads(fns["padded + mask"], q, k, v, grad), want):
+        torch.testing.assert_close(got, ref)
+
+
+def test_backend_from_ops_knows_the_kernels_called_directly():
+    assert attention.backend_from_ops(["aten::_efficient_attention_forward"]) == "EFFICIENT_ATTENTION"
+    assert attention.backend_from_ops(["aten::_flash_attention_forward", "aten::pad"]) == "FLASH_ATTENTION"
+
+
 def test_error_per_backend_checks_each_forced_backend_against_float64():
     q = torch.randn(1, 2, 16, 8)
     errors = attention.error_per_backend(q, ("MATH", "FLASH_ATTENTION", "CUDNN_ATTENTION"))
@@ -147,8 +164,10 @@ def test_error_per_backend_checks_each_forced_backend_against_float64():
 
 
 @pytest.mark.parametrize("names, library", [
-    ({"void ck_tile::kentry<...FmhaFwdKernel...>"}, "ck"), ({"fmha_fwd_d128_bf16_batch"}, "ck"),
-    ({"attn_fwd", "Memcpy DtoD"}, "aotriton"), ({"gemm_kernel"}, "unknown: gemm_kernel")])
+    ({"void ck_tile::kentry<...FmhaFwdKernel...>"}, "ck"), ({"ck_tile::FmhaBwdDQDKDVKernel<...>"}, "ck"),
+    ({"attn_fwd", "Memcpy DtoD"}, "aotriton"), ({"bwd_kernel_dk_dv"}, "aotriton"),
+    ({"_ZN5aiter24fmha_fwd_hd128_bf16_causalE"}, "aotriton"),      # AITER asm kernel behind AOTriton, not CK
+    ({"gemm_kernel"}, "unknown: gemm_kernel")])
 def test_the_rocm_flash_library_is_read_from_kernel_names(names, library):
     assert attention.library_from_kernel_names(names) == library
 
@@ -163,6 +182,12 @@ def test_document_ids_and_block_mask_keep_tokens_inside_their_sequence():
     assert attention.blocks_computed(mask) == (4, 4)
     far_apart = attention.document_block_mask([8, 8, 8], block_size=8)
     assert attention.blocks_computed(far_apart) == (3, 9)      # only the diagonal blocks
+
+
+def test_compiled_document_block_mask_is_the_eager_one():
+    eager = attention.document_block_mask([3, 9, 20], block_size=8)
+    compiled = attention.document_block_mask([3, 9, 20], block_size=8, compiled=True)
+    assert torch.equal(eager.to_dense(), compiled.to_dense())
 
 
 def test_eager_flex_with_the_document_mask_matches_the_reference():
@@ -215,6 +240,23 @@ def test_cpu_peak_bytes_sees_an_allocation_and_math_holds_the_scores():
     peak, scores = memory["peak_bytes"][256], memory["score_matrix_bytes"][256]
     assert scores == 2 * 256 * 256 * 4
     assert peak["MATH"] >= scores > peak["FLASH_ATTENTION"]
+
+
+def test_math_keeps_fp32_scores_for_bf16_inputs():
+    """MATH upcasts half/bf16 inputs (all intermediates in torch.float), so bf16 saves it no score memory."""
+    bf16 = attention.cpu_peak_memory_per_backend([256], heads=2, head_dim=16, dtype=torch.bfloat16)
+    fp32 = attention.cpu_peak_memory_per_backend([256], heads=2, head_dim=16)
+    assert bf16["dtype"] == "torch.bfloat16"
+    assert bf16["peak_bytes"][256]["MATH"] >= 2 * 256 * 256 * 4 > bf16["peak_bytes"][256]["FLASH_ATTENTION"]
+    assert bf16["peak_bytes"][256]["MATH"] > 0.75 * fp32["peak_bytes"][256]["MATH"]
+
+
+def test_priority_order_names_every_backend_once():
+    order = attention.priority_order()
+    assert sorted(order) == sorted(name for name in SDPBackend.__members__ if name != "ERROR")
+    with sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION], set_priority=True):
+        assert attention.priority_order()[:2] == ["MATH", "FLASH_ATTENTION"]
+    assert attention.priority_order() == order
 
 
 def test_enable_gqa_equals_repeated_kv_heads():

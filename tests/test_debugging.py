@@ -40,6 +40,27 @@ def test_divergence_is_found_at_the_damaged_layer(net):
     assert diffs[-1]["rel_diff"] > 0 and len(diffs) == 8      # the difference reaches the output
 
 
+def test_bitwise_hashes_stay_ints_and_see_a_one_ulp_change():
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    y = x.clone()
+    y[1] = torch.nextafter(y[1], torch.tensor(5.0, dtype=torch.float64))     # the lowest bit of one element
+    a = debugging.hash_trace(torch.clone, x, hash_fn="hash_tensor")
+    b = debugging.hash_trace(torch.clone, y, hash_fn="hash_tensor")
+    assert all(isinstance(h, int) for _, hashes in a for h in hashes)      # as floats these two would be equal
+    assert debugging.first_divergence(a, b)["index"] == 0
+    assert all(isinstance(h, float) for _, hashes in debugging.hash_trace(torch.clone, x) for h in hashes)
+
+
+def test_op_modules_names_the_layer_of_each_op(net):
+    x = torch.randn(4, 8)
+    modules = debugging.op_modules(net, x)
+    ops = [name for name, _ in debugging.hash_trace(net, x)]
+    assert len(modules) == len(ops) == 8
+    assert list(zip(ops, modules))[3:6] == [("aten.t.default", "2"), ("aten.addmm.default", "2"),
+                                            ("aten.gelu.default", "3")]
+    assert net(x).shape == (4, 1) and not net._forward_hooks and not net[2]._forward_pre_hooks   # hooks removed
+
+
 @pytest.mark.parametrize("compare", [debugging.first_divergence, debugging.op_differences])
 def test_different_programs_are_refused(net, compare):
     x = torch.randn(4, 8)
