@@ -100,7 +100,7 @@ check("08_debugging_lab", safe_normalize)
 #
 # `maybe_mark_dynamic` (or `mark_dynamic` without bounds) avoids the error but recompiles for the batch
 # of 1. Find the marking in `torch._dynamo.decorators` that makes the size a symbol for every value, 0
-# and 1 included (lesson 08 shows it), and use it. The cell after the check runs the three markings.
+# and 1 included (lesson 08's deep dive shows it), and use it. The cell after the check runs the three markings.
 
 # %%
 def prepare(batch: torch.Tensor) -> torch.Tensor:
