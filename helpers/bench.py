@@ -123,7 +123,7 @@ def timed_on(result: dict) -> str:
 def table(result: dict) -> str:
     """A plain-text table: median, spread, and speed relative to the baseline."""
     rows = [f"timed on {timed_on(result)}",
-            f"{'candidate':<28}{'median':>12}{'spread (min-max)':>24}{'vs ' + result['baseline']:>14}"]
+            f"{'candidate':<28}{'median':>12}{'spread (min-max)':>24} {'vs ' + result['baseline']:>13}"]
     for name, r in result["results"].items():
         rows.append(f"{name:<28}{_fmt(r['median_s']):>12}{_fmt(r['min_s']) + ' - ' + _fmt(r['max_s']):>24}"
                     f"{r['ratio_to_baseline']:>13.2f}x")

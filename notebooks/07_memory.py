@@ -201,8 +201,9 @@ reveal(ckpt_guess, peak["none"] / peak["all blocks"], tolerance=1.25,
        why=f"the peak fell from {memory.mib(peak['none'])} to {memory.mib(peak['all blocks'])}, not to nothing: "
            f"the parameters, gradients and Adam state ({memory.mib(floor)}) stay, every block still keeps its "
            "input, and backward rebuilds one block's activations at a time. The price is one more forward per "
-           f"block: here a step took {time_ratio:.2f}x the time without checkpointing (the table's spread says "
-           f"how far to trust that on this machine). What it buys: batch {2 * BATCH}, checkpointed, peaks at "
+           f"block, so a step should take well under twice the time; here it took {time_ratio:.2f}x"
+           + (" (far outside that: other load on this machine during the timing; look at the spread and rerun)"
+              if not 1 <= time_ratio <= 2 else "") + f". What it buys: batch {2 * BATCH}, checkpointed, peaks at "
            f"{memory.mib(big)}, {'below' if big < peak['none'] else 'above'} batch {BATCH} without checkpointing.");
 
 # %% [markdown]

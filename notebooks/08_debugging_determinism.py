@@ -270,8 +270,8 @@ reveal(compile_guess, f"{unmarked} / {with_mark}",
 # %% [markdown]
 # `mark_dynamic(t, dim, min=, max=)` asks for a symbolic size from the first call, with a range the graph may
 # assume (the bounds date from 2024, pytorch/pytorch#119737). Inside the range one graph serves every size;
-# a marked tensor outside it is an error; an unmarked one fails the guard and recompiles. Keep batch 1 out
-# of the range (or out of the loop); if batch 1 must share the graph, lab 08 has you find the marking that
+# a marked tensor outside it is an error; an unmarked one fails the guard and recompiles. A batch of 1 is
+# special (the compiler specializes sizes 0 and 1): keep it out of the calls; if batch 1 must share the graph, lab 08 has you find the marking that
 # allows it (the deep dive compares the three markings).
 
 # %% tags=["nbval-check-output"]
