@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; matrix multiplication; what a mixture-of-experts layer is (a router sends each token to k of E expert MLPs) |
 # | **Hardware** | any CPU (all of it runs: the Triton kernel runs in Triton's interpreter). On a GPU, sections for the CUTLASS path (NVIDIA sm90+), the ROCm fallback and CK paths (AMD) and Triton's real speed also run |
 # | **Time** | 75 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02); the ROCm and CUDA paths are described from PyTorch's source (`GroupedBlas.cpp`, `GroupedMMUtils.h`) and the 2.10 release notes, and run only where that hardware is |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the ROCm and CUDA paths are described from PyTorch's source (`GroupedBlas.cpp`, `GroupedMMUtils.h`) and the 2.10 release notes, and run only where that hardware is |
 #
 # **card → parameters → device → idea → code → check → measure → plot → what the numbers mean →
 # other hardware → pitfalls.**

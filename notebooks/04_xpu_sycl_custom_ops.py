@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; reading a little C++ helps |
 # | **Hardware** | any CPU. The C++ kernels need a C++ compiler and ninja, and every Inductor compile on a CPU (the benchmark against `torch.compile`, full mode's compiled block, AOTInductor) needs the C++ compiler: without them those sections say so and are skipped, quick mode's compile uses the `aot_eager` backend (no code generated), and the op runs on the PyTorch reference. The `torch.xpu` demo needs an Intel GPU; the SYCL kernel also needs an XPU build of torch and Intel's DPC++ compiler (`icpx`) |
 # | **Time** | 65 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02); what 2.10 added is taken from its release notes (PR numbers below) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); what 2.10 added is taken from its release notes (PR numbers below) |
 #
 # PyTorch runs Intel GPUs upstream as the `xpu` device; Intel's separate extension (IPEX) stopped
 # after 2.8 and is not needed. Custom kernels for Intel GPUs are written in SYCL and built with

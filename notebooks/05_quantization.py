@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; `nn.Linear`, autograd, a training loop |
 # | **Hardware** | any CPU (all numerics, including FP8, run on it). An FP8 GPU (NVIDIA sm_89+, AMD MI300+) runs the FP8 speed section; an Intel GPU runs the XPU int8 kernel section. torchao runs its sections (int4, QAT) and scikit-learn the digits section; each is skipped with a reason without them. Full mode's `torch.compile` rows need a C++ compiler (skipped without one) |
 # | **Time** | 85 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02); claims about 2.10 are checked against its release notes and source. torchao 0.16.0 is the release paired with torch 2.10 |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); claims about 2.10 are checked against its release notes and source. torchao 0.16.0 is the release paired with torch 2.10 |
 #
 # **Card → parameters → device → idea → code → check → measure → plot → meaning → other hardware → pitfalls.**
 

@@ -7,7 +7,7 @@
 # | **Prerequisites** | [lesson 06](06_attention_kernels.ipynb) |
 # | **Hardware** | any CPU. An NVIDIA GPU runs the GPU backend, GQA and ragged-training sections (A100 or newer for `varlen_attn`); an AMD GPU the backend and ROCm sections |
 # | **Time** | 41 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
 
 # %% tags=["parameters"]
 QUICK = False          # quick mode: small sizes (papermill: -p QUICK True)

@@ -7,7 +7,7 @@
 # | **Prerequisites** | [lesson 08](08_debugging_determinism.ipynb) |
 # | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend compiles C++). On a GPU two more sections run: the same model on the CPU and the GPU, and deterministic compile with Triton |
 # | **Time** | 45 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
 
 # %% tags=["parameters"]
 QUICK = False          # quick mode: small sizes, fewer distributed runs (papermill: -p QUICK True)

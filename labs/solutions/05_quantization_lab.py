@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 05 (sections 1-3) |
 # | **Hardware** | any CPU; the same code runs where `torch._weight_int8pack_mm` has a kernel (CUDA, MPS, XPU) |
 # | **Time** | 30 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # The model below is a classifier whose output channels have very different scales (as trained
 # networks often do). Your job: store its weights as int8 codes with one scale per row (about a quarter

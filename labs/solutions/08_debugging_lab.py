@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 08 |
 # | **Hardware** | any CPU |
 # | **Time** | 30 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build), 2.14.1+cu130 (env latest: CUDA 13.0 build, no GPU) (make matrix, 2026-12-02) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell: `check(LAB, function)` runs the cases the grader's
 # visible checks run (`python -m helpers grade` adds hidden ones) and prints `✅ ... passed`, or stops with `❌` and a hint.
