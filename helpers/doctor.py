@@ -61,31 +61,31 @@ def learning_path(caps: Capabilities | None = None) -> str:
     minutes on their cards, the sections that skip here (with the capability they lack; the doctor
     gives each reason in full), then what to open next."""
     c = caps or capabilities()
-    lines = []
-    for item in entries():
+    items, lines = entries(), []
+    for item in items:
         kind = "deep dive" if "deep_dive_of" in item else item["kind"]
         lines.append(f"{item['id'][:2]}  {kind:<9} {item['minutes']:>3} min  {item['title']}")
         lines += [f"{'':>21}skips here: {s}" for s in skipped_here(item, c)]
-    minutes = {kind: sum(i["minutes"] for i in entries() if i["kind"] == kind and "deep_dive_of" not in i)
+    minutes = {kind: sum(i["minutes"] for i in items if i["kind"] == kind and "deep_dive_of" not in i)
                for kind in ("lesson", "lab")}
     lines.append(f"\nCore lessons {minutes['lesson']} min in all, labs {minutes['lab']} min; a deep dive is for "
                  f"those who need its topic in depth.")
     where = ("this GPU runs the GPU sections: 02, 03 and 06 have the most" if c.accelerator != "cpu"
              else "on a GPU the skipped sections run too (environments/ has the install for each vendor)")
     lines.append(f"Open next: lesson 01, then any order. Everything above runs here; "
-                 f"{len(core_lessons_skipping(c))} of the core lessons 01-08 skip some sections ({where}).")
+                 f"{len(core_lessons_skipping(c, items))} of the core lessons 01-08 skip some sections ({where}).")
     return "\n".join(lines)
 
 
 def skipped_here(item: dict, caps: Capabilities) -> list[str]:
     """The sections of a manifest entry that skip on this machine, each with the capabilities it lacks."""
-    return [f"{s['name']} (needs {', '.join(n for n in s['needs'] if missing(n, caps=caps))})"
-            for s in item["sections"] if any(missing(n, caps=caps) for n in s["needs"])]
+    return [f"{s['name']} (needs {', '.join(lacking)})" for s in item["sections"]
+            if (lacking := missing(*s["needs"], caps=caps))]
 
 
-def core_lessons_skipping(caps: Capabilities) -> list[str]:
+def core_lessons_skipping(caps: Capabilities, items: list[dict] | None = None) -> list[str]:
     """The ids of the core lessons after 00 that skip at least one section here."""
-    return [i["id"] for i in entries() if i["kind"] == "lesson" and "deep_dive_of" not in i
+    return [i["id"] for i in items or entries() if i["kind"] == "lesson" and "deep_dive_of" not in i
             and i["id"] != "00_start_here" and skipped_here(i, caps)]
 
 
