@@ -1,6 +1,6 @@
 # The two commands: `make run` (execute the collection in quick mode, write a report) and `make test`.
 # ENV picks the environments/ file and its venv: cpu (default, .venv), cuda, latest, minimal, rocm, xpu,
-# free-threaded (.venv-ENV). `make matrix` runs the quick collection and nbval in several environments
+# free-threaded (.venv-ENV). `make matrix` runs the quick collection and checks its stored outputs in several environments
 # and merges their records into one report (runs/matrix/).
 PYTHON ?= python3
 ENV ?= cpu
@@ -38,16 +38,15 @@ browser:
 test: setup browser
 	LABS_QUICK=1 LABS_HEADLESS=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
 
-# One environment of the matrix: the quick collection (record, sections, peak memory), nbval on the
-# stored outputs and the static check of the GPU sections against this torch, into runs/matrix/$(ENV)/.
-# A failure is recorded there and reported by `make matrix`.
+# One environment of the matrix: the quick collection (record, sections, peak memory), the cells tagged
+# nbval-check-output of each executed notebook against the stored outputs (nbval's comparison, without a
+# second execution: nbval.xml) and the static check of the GPU sections against this torch, into
+# runs/matrix/$(ENV)/. A failure is recorded there and reported by `make matrix`.
 matrix-env: setup
 	rm -rf runs/matrix/$(ENV) && mkdir -p runs/matrix/$(ENV)
 	-$(BIN)/python -m pytest -q -p no:xdist tests/test_gpu_sections.py --junitxml runs/matrix/$(ENV)/gpu_sections.xml \
 	  >runs/matrix/$(ENV)/gpu_sections.log 2>&1; tail -1 runs/matrix/$(ENV)/gpu_sections.log
-	-$(BIN)/python -m helpers run --label $(ENV) --workers $(WORKERS) --out runs/matrix/$(ENV) --no-progress
-	-LABS_QUICK=1 LABS_HEADLESS=1 $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile notebooks labs/solutions \
-	  --junitxml runs/matrix/$(ENV)/nbval.xml >runs/matrix/$(ENV)/nbval.log 2>&1; tail -3 runs/matrix/$(ENV)/nbval.log
+	-$(BIN)/python -m helpers run --label $(ENV) --workers $(WORKERS) --out runs/matrix/$(ENV) --no-progress --check-outputs
 
 # Every environment of MATRIX_ENVS, then one report: runs/matrix/matrix.html and matrix.json. The exit
 # status is that of the report: 0 only when every notebook passed its quick run and nbval everywhere.

@@ -27,6 +27,9 @@ def _value(text: str):
 def cmd_run(args) -> int:
     from helpers.runner import run_collection
     from helpers.runner.execute import read_parameters
+    if args.check_outputs and not args.quick:
+        print("error: --check-outputs compares with the stored outputs, which are quick mode's", file=sys.stderr)
+        return 2
     parameters = {"QUICK": args.quick}
     if args.parameters_file:
         parameters.update(read_parameters(args.parameters_file))
@@ -60,7 +63,20 @@ def cmd_run(args) -> int:
     print(f"{summary['passed']} passed, {summary['failed']} failed in {summary['total_seconds']:.1f} s "
           f"({summary['workers']} workers, {summary['executor']}); record: {out / 'record.json'}; "
           f"report: {out / 'report.html'}")
-    return 0 if summary["failed"] == 0 else 1
+    outputs_ok = check_stored_outputs(out) if args.check_outputs else True
+    return 0 if summary["failed"] == 0 and outputs_ok else 1
+
+
+def check_stored_outputs(out: Path) -> bool:
+    """The executed notebooks' nbval-checked cells against the committed outputs (nbval's comparison)."""
+    from helpers.runner.stored_outputs import check_run
+    verdicts = check_run(out)
+    failed = [(nb, index, problem) for nb, cells in verdicts.items() for index, problem in cells if problem]
+    for nb, index, problem in failed:
+        print(f"stored outputs differ: {nb} cell {index}:\n    " + problem.replace("\n", "\n    "))
+    checked = sum(len(cells) for cells in verdicts.values())
+    print(f"stored outputs: {checked - len(failed)} of {checked} checked cells match; {out / 'nbval.xml'}")
+    return not failed
 
 
 def cmd_report(args) -> int:
@@ -242,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--label", default="", help="name of this environment or machine in merged reports "
                                                  "(python -m helpers report), e.g. cuda or room-pc2")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
+    run.add_argument("--check-outputs", action="store_true",
+                     help="then compare the cells tagged nbval-check-output with their committed outputs, as "
+                          "pytest --nbval-lax would, without executing again (writes nbval.xml; quick mode)")
     report = sub.add_parser("report", help="merge run folders from several environments or machines into one "
                                            "matrix: HTML and JSON")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders written by `run --out`")

@@ -280,13 +280,13 @@ def peak_memory_per_backend(q: torch.Tensor, backends, *, causal: bool = True) -
     scores; the fused kernels never do."""
     peaks = {}
     for name in backends:
-        torch.accelerator.synchronize()
-        held = torch.accelerator.memory_allocated()
-        torch.accelerator.reset_peak_memory_stats()
+        torch.accelerator.synchronize(q.device)
+        held = torch.accelerator.memory_allocated(q.device)
+        torch.accelerator.reset_peak_memory_stats(q.device)
         with sdpa_kernel([_backend(name)]):
             out = F.scaled_dot_product_attention(q, q, q, is_causal=causal)
-        torch.accelerator.synchronize()
-        peaks[name] = torch.accelerator.max_memory_allocated() - held
+        torch.accelerator.synchronize(q.device)
+        peaks[name] = torch.accelerator.max_memory_allocated(q.device) - held
         del out
     return peaks
 
@@ -296,7 +296,7 @@ def gpu_kernel_names(fn: Callable[[], object]) -> set[str]:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
-        torch.accelerator.synchronize()
+        torch.cuda.synchronize()    # every GPU of this process: the profiler reads them all
     return {e.name for e in prof.events() if e.device_type.name in ("CUDA", "PrivateUse1")}
 
 

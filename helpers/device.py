@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -48,6 +50,7 @@ class Capabilities:
     arch: str | None                 # "sm_90", "gfx942", an XPU name, or the CPU's vector ISA
     memory_gb: float | None          # accelerator memory, or the machine's RAM on CPU
     bf16: bool                       # native bf16 arithmetic (tensor cores, AVX512-BF16/AMX on CPU)
+    fp64: bool                       # float64 on the device: tried (Intel Arc and Core Ultra GPUs have none)
     fp8: bool                        # FP8 matmul on the accelerator (sm_89+, gfx942/gfx950; on XPU: tried)
     torch_version: str
     cuda_version: str | None
@@ -62,6 +65,10 @@ class Capabilities:
     gil_enabled: bool = True         # whether the GIL was on when probed (requires() reads it live: gil_on())
     features: dict[str, bool] = field(default_factory=dict)   # version-dependent torch features (FEATURES)
     other_python: str | None = None  # LABS_OTHER_PYTHON, when it names an executable
+    triton_distribution: str | None = None  # what installed the `triton` module: triton (CUDA wheels, PyPI),
+                                            # triton-rocm / triton-xpu (torch 2.10's ROCm/XPU wheels), ...
+    torch_wants_triton: str | None = None   # the Triton requirement torch's own metadata declares, if any
+    cpu_capability: str = ""         # the vector ISA ATen's CPU kernels dispatch to: "AVX512", "AVX2", ...
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -123,6 +130,55 @@ def _package_version(name: str) -> str | None:
         return None
 
 
+def triton_install(find_spec: Callable = importlib.util.find_spec) -> tuple[str | None, str | None]:
+    """(version, distribution) of the `triton` module Python would import, found without importing it.
+    The distribution's name varies: PyPI's CUDA wheels of torch require `triton`, its ROCm and XPU wheels
+    `triton-rocm` / `triton-xpu` (2.10; earlier `pytorch-triton-rocm` / `pytorch-triton-xpu`), so the
+    module is looked up, then the dist-info beside it whose RECORD lists that very file."""
+    spec = find_spec("triton")
+    if spec is None or not spec.origin:
+        return None, None
+    origin = Path(spec.origin).resolve()
+    for info in sorted(origin.parent.parent.glob("*.dist-info")):
+        record = info / "RECORD"
+        if record.is_file() and any(line.startswith("triton/__init__.py,")
+                                    for line in record.read_text(errors="replace").splitlines()):
+            dist = importlib.metadata.PathDistribution(info)
+            return dist.version, dist.metadata["Name"]
+    return "unknown", None
+
+
+def torch_triton_requirement(requires: Callable = importlib.metadata.requires) -> str | None:
+    """The Triton distribution torch's own metadata asks for ("triton==3.6.0", "triton-rocm==3.6.0"),
+    without its platform marker; None for a build that asks for none (CPU wheels)."""
+    try:
+        lines = requires("torch") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    wanted = [line.split(";")[0].strip() for line in lines if "triton" in line.split(";")[0].lower()]
+    return wanted[0].replace(" ", "") if wanted else None
+
+
+def _fp64_runs(torch_mod, device: str) -> bool:
+    """A float64 sum on `device`: Intel Arc and Core Ultra GPUs refuse it ("Required aspect fp64 is not
+    supported on the device"); CPUs, NVIDIA and AMD GPUs, Intel Data Center GPU Max run it."""
+    if device == "cpu":
+        return True
+    try:
+        return float(torch_mod.ones(4, dtype=torch_mod.float64, device=device).sum().item()) == 4.0
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def reference_device(device: torch.device | str, caps: Capabilities | None = None) -> torch.device:
+    """Where to compute a float64 reference for work done on `device`: there, when it has float64,
+    else the CPU."""
+    device = torch.device(device)
+    if device.type == "cpu" or (caps or capabilities()).fp64:
+        return device
+    return torch.device("cpu")
+
+
 def _accelerators(torch_mod) -> tuple[str | None, str]:
     """(the accelerator this torch build was made for, or None for a CPU-only build; the device type to
     use here). A CUDA, ROCm or XPU build on a machine without that GPU is a CPU machine: PyPI's Linux
@@ -181,7 +237,10 @@ def _other_python(path: str | None) -> str | None:
 def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shutil.which,
           cpu_flags: set[str] | None = None, config_var: Callable[[str], object] = sysconfig.get_config_var,
           features: Callable[[object], dict[str, bool]] = torch_features,
-          fp8_runs: Callable[[object, str], bool] = _fp8_scaled_mm_runs) -> Capabilities:
+          fp8_runs: Callable[[object, str], bool] = _fp8_scaled_mm_runs,
+          fp64_runs: Callable[[object, str], bool] = _fp64_runs,
+          triton: Callable[[], tuple[str | None, str | None]] = triton_install,
+          triton_wanted: Callable[[], str | None] = torch_triton_requirement) -> Capabilities:
     """Inspect the machine. The arguments exist so tests can fake every vendor and torch version."""
     build, device_type = _accelerators(torch_mod)
     hip = getattr(torch_mod.version, "hip", None)
@@ -215,20 +274,25 @@ def probe(torch_mod=torch, sys_mod=sys, which: Callable[[str], str | None] = shu
     accelerator = "rocm" if device_type == "cuda" and hip else device_type
     build_accelerator = "rocm" if build == "cuda" and hip else build
     gil_check = getattr(sys_mod, "_is_gil_enabled", None)
+    triton_version, triton_dist = triton()
+    cpu_backend = getattr(getattr(torch_mod, "backends", None), "cpu", None)
+    packages = {pkg: _package_version(pkg) for pkg in ("torchao", "torchdata", "numpy", "scikit-learn")}
     return Capabilities(
         accelerator=accelerator, build_accelerator=build_accelerator, device_type=device_type,
         device_name=name, arch=arch,
-        memory_gb=memory_gb, bf16=bf16, fp8=fp8,
+        memory_gb=memory_gb, bf16=bf16, fp8=fp8, fp64=fp64_runs(torch_mod, device_type),
         torch_version=torch_mod.__version__, cuda_version=None if hip else cuda, hip_version=hip,
         xpu_compiled=bool(getattr(getattr(torch_mod, "xpu", None), "_is_compiled", lambda: False)()),
         cpu_count=usable_cpus(), cpu_name=_cpu_name(),
         toolchains={tool: next((p for p in map(which, names) if p), None) for tool, names in TOOLCHAINS.items()},
-        packages={pkg: _package_version(pkg) for pkg in ("triton", "torchao", "torchdata", "numpy", "scikit-learn")},
+        packages={"triton": triton_version, **packages},
         python_version=platform.python_version(),
         free_threaded=bool(config_var("Py_GIL_DISABLED")),
         gil_enabled=gil_check() if gil_check is not None else True,
         features=features(torch_mod),
         other_python=_other_python(os.environ.get(OTHER_PYTHON_ENV)),
+        triton_distribution=triton_dist, torch_wants_triton=triton_wanted(),
+        cpu_capability=cpu_backend.get_cpu_capability() if hasattr(cpu_backend, "get_cpu_capability") else "",
     )
 
 
@@ -252,7 +316,7 @@ def gil_on(c: Capabilities | None = None) -> bool:
 def triton_interpreter_runs() -> bool:
     """Run one tiny Triton kernel with TRITON_INTERPRET=1 in a child process (the interpreter is
     process-wide state, so it is tried where it cannot disturb this process)."""
-    if _package_version("triton") is None:
+    if triton_install()[0] is None:
         return False
     code = ("import torch, triton, triton.language as tl\n"
             "@triton.jit\ndef k(x, y):\n    tl.store(y + tl.arange(0, 4), tl.load(x + tl.arange(0, 4)) * 2)\n"
@@ -296,6 +360,8 @@ NEEDS: dict[str, tuple[Callable[[Capabilities], bool], str]] = {
     "accelerator": (lambda c: c.accelerator != "cpu", "any accelerator torch supports (CUDA, ROCm, XPU, MPS)"),
     "bf16": (lambda c: c.bf16, "hardware with native bf16 (Ampere+ GPU, MI200+, Intel GPU, or a CPU with "
              "AVX512-BF16/AMX)"),
+    "fp64": (lambda c: c.fp64, "a device with float64 arithmetic (a CPU, NVIDIA or AMD GPU, Intel Data Center "
+                               "GPU Max; Intel Arc and Core Ultra GPUs have none)"),
     "fp8": (lambda c: c.fp8, "a GPU with FP8 matmul (NVIDIA sm_89+ such as L4/H100, AMD MI300+, an Intel GPU "
                              "whose driver runs torch 2.10's XPU _scaled_mm)"),
     "cxx": (_tool("cxx"), "a C++ compiler on PATH (apt install g++, or Xcode command-line tools)"),
@@ -305,12 +371,12 @@ NEEDS: dict[str, tuple[Callable[[Capabilities], bool], str]] = {
     "icpx": (_tool("icpx"), "Intel oneAPI DPC++ (icpx; icx on Windows) on PATH"),
     "sycl": (lambda c: c.toolchains.get("icpx") is not None and c.xpu_compiled,
              "Intel oneAPI DPC++ (icpx) on PATH and an XPU build of torch (environments/xpu.txt)"),
-    "triton": (_package("triton"), "Triton (pip install triton; it comes with CUDA/ROCm torch builds)"),
+    "triton": (_package("triton"), "Triton (every GPU build of torch brings its own; pip install triton on a CPU)"),
     "triton_gpu": (lambda c: c.packages.get("triton") is not None and c.accelerator in ("cuda", "rocm", "xpu"),
                    "Triton and a GPU it compiles for (NVIDIA, AMD or Intel)"),
     "triton_interpreter": (lambda c: triton_interpreter_runs() if c is capabilities()
                            else c.packages.get("triton") is not None,
-                           "Triton installed (pip install triton); its interpreter runs kernels on the CPU"),
+                           "Triton installed; its interpreter runs kernels on the CPU"),
     "torchao": (_package("torchao"), "torchao (pip install torchao; match it to your torch version)"),
     "torchdata": (_package("torchdata"), "torchdata (pip install torchdata)"),
     "sklearn": (_package("scikit-learn"), "scikit-learn (pip install scikit-learn; every environments/ file but minimal.txt has it)"),
@@ -326,6 +392,46 @@ NEEDS: dict[str, tuple[Callable[[Capabilities], bool], str]] = {
     "gil_disabled": (lambda c: not gil_on(c),
                      "a free-threaded CPython with the GIL off (no extension re-enabled it; PYTHON_GIL=0)"),
 }
+
+
+def _requirement_parts(requirement: str) -> tuple[str, str]:
+    name, _, version = requirement.partition("==")
+    return name.strip().lower().replace("_", "-"), version.strip()
+
+
+def triton_remedy(c: Capabilities) -> str:
+    """How to get the Triton this torch build works with: the distribution torch's metadata declares
+    (`triton` for CUDA wheels, `triton-rocm` / `triton-xpu` for ROCm and XPU wheels, from the index the
+    torch came from); PyPI's generic `triton` over a ROCm or XPU build shadows the vendor's backend."""
+    if c.torch_wants_triton:
+        name, _ = _requirement_parts(c.torch_wants_triton)
+        where = "" if name == "triton" else " from the index your torch came from (download.pytorch.org/whl/...)"
+        return f"pip install '{c.torch_wants_triton}'{where}: the Triton torch {c.torch_version} declares"
+    if c.build_accelerator in ("rocm", "xpu"):
+        return (f"the Triton of your torch's {c.build_accelerator.upper()} build (triton-{c.build_accelerator}, "
+                f"from download.pytorch.org/whl/...); not PyPI's generic triton")
+    return "pip install triton (its interpreter runs kernels on a CPU)"
+
+
+def triton_mismatch(c: Capabilities) -> str | None:
+    """A `triton` module from another distribution or version than the one torch declares, or None."""
+    if not (c.torch_wants_triton and c.triton_distribution):
+        return None
+    want = _requirement_parts(c.torch_wants_triton)
+    have = (c.triton_distribution.lower().replace("_", "-"), c.packages.get("triton") or "")
+    if want == have or (want[0] == have[0] and not want[1]):
+        return None
+    return (f"torch {c.torch_version} declares {c.torch_wants_triton}, but the triton module comes from "
+            f"{c.triton_distribution} {have[1]}; {triton_remedy(c)}")
+
+
+TRITON_NEEDS = ("triton", "triton_gpu", "triton_interpreter")
+
+
+def _remedy(name: str, c: Capabilities) -> str:
+    if name in TRITON_NEEDS and c.packages.get("triton") is None:
+        return triton_remedy(c)
+    return NEEDS[name][1]
 
 
 def _found(name: str, c: Capabilities) -> str:
@@ -363,7 +469,7 @@ def skip_reason(needs: tuple[str, ...] | list[str], caps: Capabilities | None = 
     lacking = missing(*needs, caps=caps)
     if not lacking:
         return None
-    return "; ".join(f"needs {n} ({_found(n, caps)}); to run it: {NEEDS[n][1]}" for n in lacking)
+    return "; ".join(f"needs {n} ({_found(n, caps)}); to run it: {_remedy(n, caps)}" for n in lacking)
 
 
 SECTIONS: list[dict] = []    # every requires() decision in this process, in order
@@ -409,11 +515,18 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def cpu_capability() -> str:
+    """The vector ISA ATen's CPU kernels dispatch to here ("AVX512", "AVX2", "DEFAULT", ...;
+    ATEN_CPU_CAPABILITY can lower it): what decides a CPU kernel's alignment and vector width."""
+    return capabilities().cpu_capability
+
+
 def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for queued accelerator work (no-op on CPU)."""
+    """Wait for the work queued on `device` (this lesson's device when None; no-op on CPU). The device is
+    passed on: torch.accelerator.synchronize() without one waits for the *current* device only."""
     dev = torch.device(device) if device is not None else pick_device()
     if dev.type != "cpu":
-        torch.accelerator.synchronize()
+        torch.accelerator.synchronize(dev)
 
 
 QUICK_ENV = "LABS_QUICK"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import html
 
-from helpers.device import NEEDS, Capabilities, capabilities, missing
+from helpers.device import NEEDS, Capabilities, capabilities, missing, triton_mismatch, triton_remedy
 from helpers.manifest import entries, verdict
 
 
@@ -16,14 +16,25 @@ def report_rows(caps: Capabilities | None = None) -> list[tuple[str, str]]:
         ("accelerator", f"{c.accelerator}: {c.device_name}" + (f", {c.arch}" if c.arch else "")),
         ("torch build for", build_note(c)),
         ("memory", f"{c.memory_gb} GiB" if c.memory_gb else "unknown"),
-        ("bf16 / fp8 native", f"{'yes' if c.bf16 else 'no'} / {'yes' if c.fp8 else 'no'}"),
-        ("CPU", f"{c.cpu_name}, {c.cpu_count} cores"),
+        ("bf16 / fp8 / fp64", " / ".join("yes" if ok else "no" for ok in (c.bf16, c.fp8, c.fp64))),
+        ("CPU", f"{c.cpu_name}, {c.cpu_count} cores" + (f", kernels {c.cpu_capability}" if c.cpu_capability else "")),
         ("Python", f"{c.python_version}, free-threaded build: {'yes' if c.free_threaded else 'no'}, GIL {gil}"),
         ("toolchains", ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in c.toolchains.items())),
         ("packages", ", ".join(f"{k} {v or 'missing'}" for k, v in c.packages.items())),
+        ("triton", triton_line(c)),
         ("capabilities met", ", ".join(n for n in NEEDS if not missing(n, caps=c))),
         ("capabilities missing", ", ".join(n for n in NEEDS if missing(n, caps=c))),
     ]
+
+
+def triton_line(c: Capabilities) -> str:
+    """Which distribution gave the `triton` module, against what torch declares, and what to do."""
+    if c.packages.get("triton") is None:
+        return f"missing; {triton_remedy(c)}"
+    line = f"{c.packages['triton']} from {c.triton_distribution or 'an unknown distribution'}"
+    line += f" (torch declares {c.torch_wants_triton})" if c.torch_wants_triton else ""
+    problem = triton_mismatch(c)
+    return f"{line}. WARNING: {problem}" if problem else line
 
 
 def build_note(c: Capabilities) -> str:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from helpers.checks import CheckFailed
+from helpers.device import capabilities
 
 
 # --- Calling an exercise function and recording what it calls --------------------------------------
@@ -289,7 +290,8 @@ def _matmul_between(x, w):
 
 def triton_launch(fn, xs):
     """fn(xs), lab 02's launch_three_part, where its Triton kernel runs: CPU tensors under Triton's
-    interpreter (TRITON_INTERPRET=1, which the lab sets on a CPU), else GPU tensors; returns CPU tensors.
+    interpreter (TRITON_INTERPRET=1, which the lab sets on a CPU), else tensors on the GPU (NVIDIA, AMD or
+    Intel); returns CPU tensors.
     The notebook's combo_grid is the reference one meanwhile: exercise 2 (the kernel body) is graded on
     its own, whatever exercise 1 gives."""
     from helpers.fusion import combo_grid
@@ -297,7 +299,8 @@ def triton_launch(fn, xs):
     knobs = getattr(triton, "knobs", None)
     interpret = bool(knobs.runtime.interpret) if knobs is not None else \
         os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-    device = "cuda" if not interpret and torch.cuda.is_available() else "cpu"
+    accelerator = capabilities().device_type
+    device = accelerator if not interpret and accelerator in ("cuda", "xpu") else "cpu"
     namespace = getattr(fn, "__globals__", {})
     missing = object()
     own_grid = namespace.get("combo_grid", missing)

@@ -253,7 +253,7 @@ def checkpoint_comparison(batch: int = 512, width: int = 128, depth: int = 4, *,
 
 def record_history(fn: Callable[[], object], max_entries: int = 100_000) -> dict:
     """Run fn with the CUDA allocator recording its history; return torch.cuda.memory._snapshot()."""
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
     try:
         fn()
         torch.cuda.synchronize()
@@ -283,13 +283,22 @@ def dump_snapshot(snapshot: dict, path: str | Path) -> Path:
     return path
 
 
+def _is_python_frame(filename: str) -> bool:
+    """A Python source file, a notebook cell (ipykernel's /tmp/ipykernel_*/N.py) or code given as a
+    string ("<string>", "<stdin>"); not a C/C++ frame ("??", "offloadstuff.c", "../c10/core/...")."""
+    return filename.endswith(".py") or (filename.startswith("<") and filename.endswith(">"))
+
+
 def largest_allocations(snapshot: dict, n: int = 3) -> list[dict]:
-    """The n largest recorded allocations with the first stack frame outside torch: the line of your
-    code that asked for the memory (what memory_viz shows on hover)."""
+    """The n largest recorded allocations with the first Python frame outside torch: the line of your
+    code that asked for the memory (what memory_viz shows on hover). A history recorded with C++ stacks
+    (stacks="all", the default) starts each stack with frames such as `??:0 torch::unwind::unwind()`;
+    only Python frames count. Backward allocations run on autograd's thread and have no Python frame."""
     allocs = [e for trace in snapshot.get("device_traces", []) for e in trace if e["action"] == "alloc"]
     out = []
     for event in sorted(allocs, key=lambda e: e["size"], reverse=True)[:n]:
-        frames = [f for f in event.get("frames", []) if f"{os.sep}torch{os.sep}" not in f.get("filename", "")]
+        frames = [f for f in event.get("frames", []) if _is_python_frame(f.get("filename", ""))
+                  and f"{os.sep}torch{os.sep}" not in f["filename"]]
         where = f"{frames[0]['filename']}:{frames[0]['line']} in {frames[0]['name']}" if frames else "(no Python frame)"
         out.append({"bytes": event["size"], "where": where})
     return out
@@ -379,7 +388,7 @@ def oom_snapshot(path: str, fraction: float = 0.02, chunk_mib: int = 64) -> dict
         torch.cuda.memory._dump_snapshot(path)
 
     torch.cuda.set_per_process_memory_fraction(fraction)
-    torch.cuda.memory._record_memory_history(max_entries=10_000)
+    torch.cuda.memory._record_memory_history(max_entries=10_000, stacks="python")
     attach(observer)
     held, message = [], None
     try:

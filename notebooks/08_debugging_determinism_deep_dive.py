@@ -138,7 +138,7 @@ print("max |Inductor - eager| of the output:", (compiled_net(xb) - net(xb)).abs(
 # state of TF32 (which lets fp32 matmuls round their inputs).
 
 # %%
-if requires("gpu", section="CPU vs GPU divergence"):
+if requires("gpu", "fp64", section="CPU vs GPU divergence"):   # DebugMode hashes in float64 on the device
     gpu_trace = debugging.hash_trace(copy.deepcopy(net).to(DEVICE), xb.to(DEVICE))
     try:
         diffs = debugging.op_differences(norm_good, gpu_trace)

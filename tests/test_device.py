@@ -44,7 +44,8 @@ def fake_sys(gil=True):
 
 
 NO_TOOLS = {"which": lambda name: None, "cpu_flags": {"avx2"}, "config_var": lambda name: None,
-            "features": lambda torch_mod: {"fp8_rowwise_cpu": True}}
+            "features": lambda torch_mod: {"fp8_rowwise_cpu": True}, "fp64_runs": lambda torch_mod, dev: True,
+            "triton_wanted": lambda: None}
 
 
 def probe_fake(torch_mod, sys_mod=None, **overrides):
@@ -316,3 +317,121 @@ def test_gil_is_read_live_for_this_process_and_from_the_fake_otherwise(monkeypat
     assert device.gil_on() is True
     fake = probe_fake(fake_torch(None))
     assert device.gil_on(dataclasses.replace(fake, gil_enabled=False)) is False
+
+
+# --- Triton under its three distribution names, fp64, the device a sync waits for -----------------
+
+def fake_site(tmp_path, dist: str | None, version="3.6.0"):
+    """A site-packages folder with an importable `triton` package installed by `dist` (its dist-info's
+    RECORD lists triton/__init__.py), as torch's CUDA (triton), ROCm (triton-rocm) and XPU (triton-xpu)
+    wheels install it; dist=None: the module without any distribution."""
+    site = tmp_path / "site"
+    (site / "triton").mkdir(parents=True)
+    (site / "triton" / "__init__.py").write_text("")
+    if dist:
+        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "RECORD").write_text("triton/__init__.py,,\n" + f"{info.name}/METADATA,,\n")
+    return site
+
+
+def finder(site):
+    import importlib.machinery
+    return lambda name: importlib.machinery.PathFinder.find_spec(name, [str(site)])
+
+
+@pytest.mark.parametrize("dist", ["triton", "triton-rocm", "triton-xpu", "pytorch-triton-rocm"])
+def test_triton_is_found_by_its_module_whatever_distribution_installed_it(tmp_path, dist):
+    assert device.triton_install(finder(fake_site(tmp_path, dist))) == ("3.6.0", dist)
+
+
+def test_no_triton_module_and_a_module_without_distribution(tmp_path):
+    assert device.triton_install(lambda name: None) == (None, None)
+    assert device.triton_install(finder(fake_site(tmp_path, None))) == ("unknown", None)
+
+
+def test_torch_s_own_triton_requirement_is_read_without_its_marker():
+    cuda = ['filelock', 'triton==3.6.0; platform_system == "Linux" and platform_machine == "x86_64"']
+    assert device.torch_triton_requirement(lambda name: cuda) == "triton==3.6.0"
+    assert device.torch_triton_requirement(lambda name: ["triton-xpu==3.6.0; platform_system == 'Linux'"]) \
+        == "triton-xpu==3.6.0"
+    assert device.torch_triton_requirement(lambda name: ["filelock", "sympy>=1.13.3"]) is None
+
+
+MI300 = SimpleNamespace(name="AMD Instinct MI300X", total_memory=192 * 2**30, major=9, minor=4, gcnArchName="gfx942")
+ARC = SimpleNamespace(name="Intel(R) Arc(TM) B580 Graphics", total_memory=12 * 2**30)
+
+
+@pytest.mark.parametrize("vendor, torch_mod, dist", [
+    ("rocm", fake_torch("cuda", hip="7.1.0", props=MI300), "triton-rocm"),
+    ("xpu", fake_torch("xpu", props=ARC), "triton-xpu"),
+])
+def test_rocm_and_xpu_builds_get_their_triton_sections_and_the_vendor_s_remedy(tmp_path, vendor, torch_mod, dist):
+    from helpers.doctor import triton_line
+    found = device.triton_install(finder(fake_site(tmp_path, dist)))
+    caps = probe_fake(torch_mod, triton=lambda: found, triton_wanted=lambda: f"{dist}==3.6.0")
+    assert missing("triton", "triton_gpu", caps=caps) == []
+    assert requires("triton_gpu", section="Combo kernels on the GPU", caps=caps)
+    assert triton_line(caps) == f"3.6.0 from {dist} (torch declares {dist}==3.6.0)"
+    # PyPI's generic wheel installed over the vendor's: the doctor says so and what to install instead
+    generic = dataclasses.replace(caps, triton_distribution="triton")
+    assert f"install '{dist}==3.6.0' from the index your torch came from" in triton_line(generic)
+    # no Triton at all: the skip names the vendor's distribution, never PyPI's generic `pip install triton`
+    none = dataclasses.replace(caps, packages={**caps.packages, "triton": None}, triton_distribution=None)
+    reason = skip_reason(["triton_gpu"], none)
+    assert f"pip install '{dist}==3.6.0'" in reason and "pip install triton " not in reason
+    bare = dataclasses.replace(none, torch_wants_triton=None)
+    assert f"triton-{vendor}" in skip_reason(["triton"], bare) and "not PyPI's generic triton" in skip_reason(["triton"], bare)
+
+
+def test_a_real_rocm_style_install_is_seen_by_a_fresh_process(tmp_path):
+    """The module found first on sys.path, installed as triton-rocm: capabilities() and the doctor of a
+    new process (the real find_spec, no fake) report it."""
+    import subprocess
+    site = fake_site(tmp_path, "triton-rocm", "3.6.0")
+    code = ("from helpers.device import capabilities; from helpers.doctor import triton_line; "
+            "c = capabilities(); print(c.packages['triton'], c.triton_distribution); print(triton_line(c))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.getcwd()]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "3.6.0 triton-rocm"
+    assert "from triton-rocm" in out.stdout
+
+
+def test_fp64_is_tried_on_the_device_and_references_go_to_the_cpu_without_it():
+    arc = probe_fake(fake_torch("xpu", props=ARC), fp64_runs=lambda torch_mod, dev: dev == "cpu")
+    assert missing("fp64", caps=arc) == ["fp64"] and "Arc" in skip_reason(["fp64"], arc)
+    assert device.reference_device("xpu", arc) == torch.device("cpu")
+    assert device.reference_device("cpu", arc) == torch.device("cpu")
+    max_gpu = probe_fake(fake_torch("xpu", props=ARC))
+    assert device.reference_device("xpu:0", max_gpu) == torch.device("xpu:0")
+
+    class NoFp64:                   # what an Arc GPU answers to a float64 op
+        float64 = torch.float64
+
+        @staticmethod
+        def ones(*args, **kwargs):
+            raise RuntimeError("Required aspect fp64 is not supported on the device")
+    assert device._fp64_runs(NoFp64, "xpu") is False
+    assert device._fp64_runs(torch, "cpu") is True and device.capabilities().fp64
+
+
+def test_validation_norms_are_computed_where_float64_exists(monkeypatch):
+    from helpers.validation import reference
+    arc = probe_fake(fake_torch("xpu", props=ARC), fp64_runs=lambda torch_mod, dev: dev == "cpu")
+    monkeypatch.setattr(device, "capabilities", lambda: arc)
+    records, _ = reference.record({"y": torch.ones(3, 4)})
+    assert records["y"]["norm"] == pytest.approx(12 ** 0.5)
+
+
+def test_synchronize_waits_for_the_device_it_is_given(monkeypatch):
+    waited = []
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda dev=None: waited.append(dev))
+    device.synchronize("cuda:1")
+    device.synchronize("cpu")
+    assert waited == [torch.device("cuda:1")]
+
+
+def test_cpu_capability_is_what_aten_dispatches_to():
+    assert device.cpu_capability() == torch.backends.cpu.get_cpu_capability()

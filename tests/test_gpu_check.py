@@ -30,7 +30,7 @@ def test_the_vendor_and_architecture_come_from_the_vendors_tools():
     ("H200", {"cuda", "torch_cuda", "bf16", "fp8", "grouped_mm_cutlass", "triton_gpu"}, {"rocm", "xpu", "sycl"}),
     ("RTX 5090", {"cuda", "fp8"}, {"grouped_mm_cutlass"}),          # sm_120 takes grouped_mm's loop
     ("MI300X", {"rocm", "rocm_ck", "fp8", "torch_cuda", "bf16"}, {"cuda", "grouped_mm_cutlass"}),
-    ("Max 1550", {"xpu", "bf16", "gpu"}, {"fp8", "sycl", "torch_cuda"})])   # fp8 and sycl are tried, not owed
+    ("Max 1550", {"xpu", "bf16", "gpu"}, {"fp8", "fp64", "sycl", "torch_cuda"})])   # fp8, fp64, sycl: tried, not owed
 def test_what_each_gpu_owes(machine, present, absent):
     needs = gpu_check.expected_needs(detect(machine))
     assert present <= needs and not absent & needs
@@ -66,3 +66,23 @@ def test_a_clean_gpu_run_passes(tmp_path):
     assert gpu_check.verify(tmp_path, detect("H200")) == 0
     (tmp_path / "record.json").write_text(json.dumps(record(sections, status="failed")))
     assert gpu_check.verify(tmp_path, detect("H200")) == 1
+
+
+@pytest.mark.parametrize("machine, torch_mod, dist", [
+    ("H200", dict(accelerator="cuda", props=dict(name="NVIDIA H200", total_memory=2**37, major=9, minor=0)), "triton"),
+    ("MI300X", dict(accelerator="cuda", hip="7.1.0", props=dict(name="MI300X", total_memory=2**37, major=9, minor=4,
+                                                                gcnArchName="gfx942")), "triton-rocm"),
+    ("Max 1550", dict(accelerator="xpu", props=dict(name="Intel(R) Data Center GPU Max 1550", total_memory=2**36)),
+     "triton-xpu"),
+])
+def test_what_gpu_check_owes_is_what_the_device_layer_detects_on_that_vendor_s_build(machine, torch_mod, dist):
+    """Each vendor's torch build with its own Triton distribution: every capability make gpu-check expects
+    to run is met by what helpers.device detects (fp8 tried and working, as on these three GPUs)."""
+    from types import SimpleNamespace
+
+    from test_device import fake_torch, probe_fake
+    from helpers.device import missing
+    fake = fake_torch(**dict(torch_mod, props=SimpleNamespace(**torch_mod["props"])))
+    caps = probe_fake(fake, triton=lambda: ("3.6.0", dist), triton_wanted=lambda: f"{dist}==3.6.0",
+                      fp8_runs=lambda torch_mod, dev: True)
+    assert missing(*sorted(gpu_check.expected_needs(detect(machine))), caps=caps) == []

@@ -187,3 +187,16 @@ def test_largest_allocations_point_at_the_caller_and_the_snapshot_is_written(tmp
         {"bytes": 4096, "where": "model.py:7 in step"}, {"bytes": 64, "where": "(no Python frame)"}]
     path = memory.dump_snapshot(snapshot, tmp_path / "runs" / "s.pickle")
     assert pickle.loads(path.read_bytes()) == snapshot
+
+
+def test_largest_allocations_skip_the_cpp_frames_of_a_real_symbolised_traceback():
+    """A stack as torch records it with stacks="all" (the default of _record_memory_history): C++
+    frames first ('??:0 torch::unwind::unwind()'), then Python. Gathered and symbolised by torch itself,
+    on the CPU."""
+    def allocate_here():
+        return torch._C._profiler.gather_traceback(True, True, True)
+    frames = torch._C._profiler.symbolize_tracebacks([allocate_here()])[0]
+    assert not frames[0]["filename"].endswith(".py")          # the C++ frames the old reader took
+    snapshot = {"device_traces": [[{"action": "alloc", "size": 1024, "frames": frames}]]}
+    where = memory.largest_allocations(snapshot)[0]["where"]
+    assert where.startswith(__file__) and where.endswith("in allocate_here"), where

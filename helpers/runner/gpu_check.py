@@ -50,15 +50,16 @@ def detect(which=shutil.which, run=_run) -> dict | None:
 
 def expected_needs(gpu: dict) -> set[str]:
     """The capabilities this GPU provides with its environment file installed (torch builds for all
-    three vendors bring Triton). A section whose needs are all here must run."""
+    three vendors bring Triton, under three distribution names). A section whose needs are all here must
+    run. Intel GPUs: fp64 only on Data Center GPU Max, so a section needing it may skip on Arc."""
     common = {"gpu", "accelerator", "triton", "triton_gpu", "triton_interpreter"}
     if gpu["vendor"] == "cuda":
         major, minor = gpu["major"], gpu["minor"]
-        return common | {"cuda", "torch_cuda"} | ({"bf16"} if major >= 8 else set()) \
+        return common | {"cuda", "torch_cuda", "fp64"} | ({"bf16"} if major >= 8 else set()) \
             | ({"fp8"} if (major, minor) >= (8, 9) else set()) | ({"grouped_mm_cutlass"} if major in (9, 10) else set())
     if gpu["vendor"] == "rocm":
         arch = gpu["arch"]
-        return common | {"rocm", "torch_cuda"} | ({"bf16"} if arch.startswith(("gfx90a", "gfx94", "gfx95")) else set()) \
+        return common | {"rocm", "torch_cuda", "fp64"} | ({"bf16"} if arch.startswith(("gfx90a", "gfx94", "gfx95")) else set()) \
             | ({"fp8", "rocm_ck"} if arch in FNUZ_OR_CK_ARCHS else set())
     return common | {"xpu", "bf16"}
 

@@ -5,7 +5,8 @@
     write_matrix(matrix, "runs/matrix")          # matrix.html and matrix.json
 
 A run folder is what `python -m helpers run --out RUN_DIR` writes (record.json), plus an optional
-nbval.xml: pytest's JUnit XML of the nbval run over the same notebooks (`pytest --junitxml`), read as
+nbval.xml: JUnit XML of the stored-output check of the same notebooks (`helpers run --check-outputs`,
+or `pytest --nbval-lax --junitxml`), read as
 one result per notebook ("failed" if any of its cells failed, "skipped" if all were skipped), and an
 optional gpu_sections.xml: the JUnit XML of tests/test_gpu_sections.py, the static check of every GPU
 section against that environment's torch. Imports no torch, so it runs wherever the runner runs.

@@ -16,6 +16,8 @@ import hashlib
 
 import torch
 
+from helpers.device import reference_device
+
 MAX_ELEMENTS = 4096
 TOLERANCE = {"torch.float32": 1e-4, "torch.float64": 1e-9, "torch.bfloat16": 3e-2, "torch.float16": 5e-3}
 
@@ -40,7 +42,8 @@ def record(outputs: dict[str, torch.Tensor], tolerance: dict[str, float] | None 
         t = t.detach()
         dtype = str(t.dtype)
         records[name] = {"sha256": sha256(t), "shape": list(t.shape), "dtype": dtype,
-                         "norm": float(t.double().norm()) if t.is_floating_point() else None,
+                         "norm": float(t.to(reference_device(t.device)).double().norm())
+                         if t.is_floating_point() else None,
                          "tolerance": (tolerance or {}).get(name, TOLERANCE.get(dtype, 1e-4)),
                          "stored_elements": min(t.numel(), MAX_ELEMENTS)}
         tensors[name] = stored(t)

@@ -125,12 +125,12 @@ def peak_memory(fn, device: torch.device) -> int:
         with _PeakMemory() as tracker:
             fn()
         return tracker.peak
-    torch.accelerator.synchronize()
-    before = torch.accelerator.memory_allocated()
-    torch.accelerator.reset_peak_memory_stats()
+    torch.accelerator.synchronize(device)
+    before = torch.accelerator.memory_allocated(device)
+    torch.accelerator.reset_peak_memory_stats(device)
     fn()
-    torch.accelerator.synchronize()
-    return torch.accelerator.max_memory_allocated() - before
+    torch.accelerator.synchronize(device)
+    return torch.accelerator.max_memory_allocated(device) - before
 
 
 def _maybe_compile(model, compile: bool):

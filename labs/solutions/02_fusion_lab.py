@@ -173,4 +173,4 @@ for name, (fn, args) in CASES.items():
 # change: independent ops that the C++ backend put into one function may become separate kernels,
 # which is what `combo_kernels=True` can merge (pin the decision with `benchmark_combo_kernel=False`).
 # Predict first, then measure with
-# `fusion.inspect_compiled(fn, *[a.cuda() for a in args], options=fusion.COMBO_ON)` and `COMBO_OFF`.
+# `fusion.inspect_compiled(fn, *[a.to(DEVICE) for a in args], options=fusion.COMBO_ON)` and `COMBO_OFF`.
