@@ -30,3 +30,5 @@ def test_unknown_command_and_notebook_fail_clearly(tmp_path):
     assert run("frobnicate").returncode == 2
     done = run("run", "notebooks/nope.ipynb", "--out", str(tmp_path / "run"))
     assert done.returncode != 0 and "not in helpers/manifest.json: notebooks/nope.ipynb" in done.stderr
+    done = run("run", "notebooks/00_start_here.ipynb", "--no-quick", "--check-outputs", "--out", str(tmp_path / "r"))
+    assert done.returncode == 2 and "quick mode" in done.stderr

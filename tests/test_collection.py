@@ -1,5 +1,6 @@
 """Every notebook and lab solution runs headless with papermill in quick mode (the batch runner, two
-workers); every declared section reports in; student copies stop exactly at their first stub."""
+workers); every declared section reports in; the cells tagged nbval-check-output print what is stored
+(nbval's comparison, on this one execution); student copies stop exactly at their first stub."""
 import json
 import shutil
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 from helpers import manifest, notebooks
 from helpers.runner import run_collection, section_problems
 from helpers.runner.execute import memory_budget_gb
+from helpers.runner.stored_outputs import check_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -20,7 +22,7 @@ def collection_run(tmp_path_factory):
     summary = run_collection(out_dir=out, parameters={"QUICK": True}, workers=2, cell_timeout=240)
     measured = {r["path"]: {"seconds": r["seconds"], "peak_memory_mb": r["peak_memory_mb"]} for r in summary["notebooks"]}
     print(json.dumps({"total_seconds": summary["total_seconds"], "notebooks": measured}, indent=1))
-    return summary
+    return {**summary, "stored_outputs": check_run(out)}
 
 
 @pytest.mark.parametrize("item", manifest.entries(), ids=lambda i: i["id"])
@@ -33,6 +35,13 @@ def test_notebook_executes_in_quick_mode(collection_run, item):
     budget_mb = memory_budget_gb() * 1024     # 1.5 GB (Binder) with a CPU-only torch, 2 GB with a GPU build
     assert record["peak_memory_mb"] is not None and record["peak_memory_mb"] < budget_mb, \
         f"quick mode must fit {budget_mb:.0f} MB with this torch build: peak {record['peak_memory_mb']} MB"
+
+
+@pytest.mark.parametrize("item", manifest.entries(), ids=lambda i: i["id"])
+def test_stored_outputs_are_what_the_quick_run_printed(collection_run, item):
+    differ = [f"cell {index}: {problem}" for index, problem in collection_run["stored_outputs"][item["path"]] if problem]
+    assert not differ, f"{item['path']}: " + "\n".join(differ) + \
+        f"\n(re-run `python -m helpers notebooks fix {item['path']}` if the new output is right)"
 
 
 def test_silent_skip_guard():
