@@ -31,7 +31,6 @@ def test_notebook_executes_in_quick_mode(collection_run, item):
     assert record["error"] is None, f"{item['path']} failed in cell {record['error'].get('cell')}: " \
                                     f"{record['error']['ename']}: {record['error']['evalue']}"
     assert record["problems"] == [] and record["status"] == "passed"
-    assert record["seconds"] < 120, "quick mode should stay well under a minute per notebook"
     budget_mb = memory_budget_gb() * 1024     # 1.5 GB (Binder) with a CPU-only torch, 2 GB with a GPU build
     assert record["peak_memory_mb"] is not None and record["peak_memory_mb"] < budget_mb, \
         f"quick mode must fit {budget_mb:.0f} MB with this torch build: peak {record['peak_memory_mb']} MB"
