@@ -132,9 +132,10 @@ def _package_version(name: str) -> str | None:
 
 def triton_install(find_spec: Callable = importlib.util.find_spec) -> tuple[str | None, str | None]:
     """(version, distribution) of the `triton` module Python would import, found without importing it.
-    The distribution's name varies: PyPI's CUDA wheels of torch require `triton`, its ROCm and XPU wheels
-    `triton-rocm` / `triton-xpu` (2.10; earlier `pytorch-triton-rocm` / `pytorch-triton-xpu`), so the
-    module is looked up, then the dist-info beside it whose RECORD lists that very file."""
+    The distribution's name varies: PyPI's CUDA wheels of torch require `triton`, the ROCm and XPU wheels
+    another name (triton-rocm / triton-xpu, pytorch-triton-rocm / pytorch-triton-xpu in earlier releases,
+    `triton` again in AMD's own builds), so the module is looked up, then the dist-info beside it whose
+    RECORD lists that very file."""
     spec = find_spec("triton")
     if spec is None or not spec.origin:
         return None, None
