@@ -14,9 +14,11 @@ leaves them uninitialised, forward and backward).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -175,6 +177,42 @@ def grouped_mm_calls(fn) -> list[dict]:
     with _OpLog(_grouped_mm_call) as log:
         fn()
     return log.records
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The profiler's C++ side logs 'profiler_start/stop' lines to file descriptor 2: silence them."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def grouped_mm_path(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> dict:
+    """Which path F.grouped_mm(xs, w, offs=offs) takes here, read from a profile of one call: the ops
+    that aten::_grouped_mm itself dispatches. The regular-GEMM fallback (CPU; ROCm by default; NVIDIA
+    outside sm90/sm100 or in fp32) shows one aten::mm per group and an aten::item per offset read on the
+    host; a fused kernel (CUTLASS, CK) shows neither, and the profile names the GPU kernel instead."""
+    if xs.device.type == "cpu":     # the legacy profiler: no Kineto start-up, which costs seconds on a first call
+        with _quiet_stderr(), torch.autograd.profiler.profile(use_kineto=False) as prof:
+            F.grouped_mm(xs, w, offs=offs)
+        events = prof.function_events
+    else:
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CPU, ProfilerActivity.XPU if xs.device.type == "xpu" else ProfilerActivity.CUDA]
+        with _quiet_stderr(), profile(activities=activities) as prof:
+            F.grouped_mm(xs, w, offs=offs)
+        events = prof.events()
+    children = [e.name for e in events if e.cpu_parent is not None and e.cpu_parent.name == "aten::_grouped_mm"]
+    kernels = sorted({e.name for e in events if e.device_type.name in ("CUDA", "XPU")})
+    mm_calls = sum(name in ("aten::mm", "aten::mm_out") or name.startswith("aten::mm.") for name in children)
+    return {"path": "loop of mm" if mm_calls else "fused kernel", "mm_calls": mm_calls,
+            "host_reads": sum(name == "aten::item" for name in children), "gpu_kernels": kernels}
 
 
 # --- Validation: torch's errors, said clearly ---------------------------------------------------
@@ -380,6 +418,83 @@ def _triton_kernel():
     return grouped_gemm_kernel
 
 
+def triton_gemm_persistent(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, programs: int = 4,
+                           block_m: int = 32, block_n: int = 32, block_k: int = 32,
+                           validate: bool = True) -> torch.Tensor:
+    """The same grouped GEMM with the schedule on the device: a fixed grid of `programs` persistent
+    programs. Each walks the experts, reads the expert's start and end from `offs` on the device,
+    counts its tiles and takes every `programs`-th tile, as Triton's tutorial 08 and Inductor's
+    grouped-GEMM template do. The wrapper reads nothing from `offs` (validate=False skips even the input
+    checks' host reads), and the grid does not depend on the routing. Forward only."""
+    if validate:
+        check_grouped_inputs(xs, w, offs)
+    if xs.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("the Triton kernel runs on CPU tensors only in Triton's interpreter: set "
+                           "os.environ['TRITON_INTERPRET'] = '1' before anything imports triton")
+    out = xs.new_zeros(xs.shape[0], w.shape[2])
+    E, K, N = w.shape
+    _persistent_kernel()[(programs,)](
+        xs, w, out, offs, N, xs.stride(0), xs.stride(1), w.stride(0), w.stride(1), w.stride(2),
+        out.stride(0), out.stride(1), E=E, K=K, PROGRAMS=programs, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, UPCAST=xs.device.type == "cpu" and xs.dtype != torch.float32,
+        IEEE=xs.dtype == torch.float32)
+    return out
+
+
+@functools.cache
+def _persistent_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def persistent_grouped_gemm_kernel(x_ptr, w_ptr, out_ptr, group_end_ptr, N,
+                                       stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_om, stride_on,
+                                       E: tl.constexpr, K: tl.constexpr, PROGRAMS: tl.constexpr,
+                                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                       UPCAST: tl.constexpr, IEEE: tl.constexpr):
+        tile = tl.program_id(0)                   # this program's next tile, numbered over all experts
+        tiles_before = 0                          # tiles of the experts already walked
+        row_start = 0
+        n_tiles = tl.cdiv(N, BLOCK_N)
+        for expert in range(E):
+            row_end = tl.load(group_end_ptr + expert)             # read on the device: no host sync
+            m_tiles = tl.cdiv(row_end - row_start, BLOCK_M)
+            tiles = m_tiles * n_tiles
+            while tile >= tiles_before and tile < tiles_before + tiles:
+                local = tile - tiles_before
+                rows = (row_start + (local // n_tiles) * BLOCK_M).to(tl.int64) + tl.arange(0, BLOCK_M)
+                cols = (local % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+                ks = tl.arange(0, BLOCK_K)
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    a = tl.load(x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :] * stride_xk,
+                                mask=(rows[:, None] < row_end) & ((k0 + ks)[None, :] < K), other=0.0)
+                    b = tl.load(w_ptr + expert * stride_we + (k0 + ks)[:, None] * stride_wk
+                                + cols[None, :] * stride_wn,
+                                mask=((k0 + ks)[:, None] < K) & (cols[None, :] < N), other=0.0)
+                    if UPCAST:
+                        a, b = a.to(tl.float32), b.to(tl.float32)
+                    if IEEE:
+                        acc = tl.dot(a, b, acc, input_precision="ieee")
+                    else:
+                        acc = tl.dot(a, b, acc)
+                tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
+                         acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < row_end) & (cols[None, :] < N))
+                tile += PROGRAMS
+            tiles_before += tiles
+            row_start = row_end
+
+    return persistent_grouped_gemm_kernel
+
+
+def align_groups(counts: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Per-group M alignment, as torchtitan's generate_permute_indices does with TOKEN_GROUP_ALIGN_SIZE_M:
+    every group's row count rounded up to a multiple of `multiple`, empty groups given `multiple` rows
+    (clamp_min), on the device (no host read). Returns the padded counts; their cumsum are the offsets."""
+    padded = torch.clamp_min(counts, multiple)
+    return ((padded + multiple - 1) // multiple * multiple).to(counts.dtype)
+
+
 IMPLEMENTATIONS = {"loop": loop_gemm, "padded_bmm": padded_bmm, "grouped_mm": grouped_gemm, "triton": triton_gemm}
 
 
@@ -469,7 +584,8 @@ def roofline_seconds(flops, nbytes, peak_flops: float, bandwidth: float) -> floa
 def measure_split(counts: torch.Tensor, k: int, n: int, *, dtype: torch.dtype = torch.float32,
                   threads: int = 1, repeats: int = 5, min_run_time: float = 0.05, seed: int = 0) -> dict:
     """GFLOP/s of loop, padded bmm, grouped_mm and a dense GEMM with the same FLOPs, measured
-    side by side; 'vs_dense' is each one's throughput as a fraction of the dense GEMM's."""
+    side by side; 'vs_dense' is each one's throughput as a fraction of the dense GEMM's. "grouped_mm"
+    is torch.nn.functional.grouped_mm itself, called directly (not the validated `grouped_gemm`)."""
     g = torch.Generator().manual_seed(seed)
     rows = int(counts.sum())
     xs = torch.randn(rows, k, generator=g).to(dtype)
@@ -477,7 +593,7 @@ def measure_split(counts: torch.Tensor, k: int, n: int, *, dtype: torch.dtype = 
     dense_w = w[0].clone()
     offs = offsets_from_counts(counts)
     candidates = {"dense": lambda: xs @ dense_w, "loop": lambda: loop_gemm(xs, w, offs),
-                  "padded_bmm": lambda: padded_bmm(xs, w, offs), "grouped_mm": lambda: grouped_gemm(xs, w, offs)}
+                  "padded_bmm": lambda: padded_bmm(xs, w, offs), "grouped_mm": lambda: F.grouped_mm(xs, w, offs=offs)}
     work = gemm_gflop(rows, k, n)
     result = compare(candidates, baseline="dense", repeats=repeats, min_run_time=min_run_time, threads=threads,
                      device="cpu", work=work)

@@ -315,3 +315,65 @@ def test_xpu_memory_fraction_round_trip():
         assert torch.xpu.get_per_process_memory_fraction() == pytest.approx(0.5)
     finally:
         torch.xpu.set_per_process_memory_fraction(old)
+
+
+# --- The stable-ABI kernel (labs_stable::rms_norm), helpers for the lesson, the Triton route ---------------
+
+def test_stable_source_uses_only_the_stable_abi():
+    """rms_norm_stable.cpp includes only torch/csrc/stable and torch/headeronly, and defines its own op."""
+    source = ext.STABLE_SOURCE.read_text()
+    includes = [line.split()[1] for line in source.splitlines() if line.startswith("#include <torch")]
+    assert includes and all(i.startswith(("<torch/csrc/stable/", "<torch/headeronly/")) for i in includes)
+    assert "STABLE_TORCH_LIBRARY(labs_stable" in source and "TORCH_BOX(&rms_norm_stable)" in source
+    assert "ATen" not in source and "at::" not in source
+    assert ext.STABLE_TARGET == "0x020a000000000000"      # 2.10.0: [major][minor][patch][abi tag]
+
+
+@pytest.mark.requires("cxx", "ninja")
+def test_stable_kernel_loads_first_then_its_python_half_and_passes_opcheck():
+    """The hybrid order: the op exists once the library is loaded; the fake kernel and the formula follow."""
+    built = ext.load_stable_kernel()
+    assert built.path.exists() and ext.op_defined(ext.STABLE_OP)
+    ext.register_stable_python_half()
+    assert not ext.register_stable_python_half(), "registers once per process"
+    for shape in [(3, 7), (2, 5, 33), (0, 8), (64, 1025)]:
+        x, w = torch.randn(shape), torch.rand(shape[-1])
+        torch.testing.assert_close(torch.ops.labs_stable.rms_norm(x, w, 1e-6), ext.rms_norm_reference(x, w))
+    x = torch.randn(4, 8, requires_grad=True)
+    result = torch.library.opcheck(torch.ops.labs_stable.rms_norm.default, (x, torch.rand(8), 1e-6))
+    assert set(result.values()) == {"SUCCESS"}, result
+    with pytest.raises(RuntimeError, match="float32 only"):
+        torch.ops.labs_stable.rms_norm(torch.randn(2, 3, dtype=torch.float64), torch.rand(3, dtype=torch.float64), 1e-6)
+
+
+def test_op_defined_and_show(capsys):
+    assert ext.op_defined(ext.RMS_NORM)
+    assert not ext.op_defined("labs_nowhere::rms_norm") and not ext.op_defined("labs_ext::no_such_op")
+    ext.show(ext.CPU_SOURCE, "TORCH_LIBRARY_IMPL", "}")
+    out = capsys.readouterr().out
+    assert out.startswith("// rms_norm_cpu.cpp, lines ") and 'm.impl("rms_norm", &rms_norm_cpu);' in out
+
+
+def test_xpu_samples_use_float16_instead_of_float64():
+    """The SYCL kernel has no float64 kernel; its samples test float16 instead (CPU samples keep float64)."""
+    on = {str(dev): {args[0].dtype for args in ext.sample_inputs(dev)} for dev in ("cpu", "meta")}
+    assert torch.float64 in on["cpu"] and torch.float16 not in on["cpu"]
+    source = Path(ext.__file__).read_text()
+    assert "[torch.float16] if torch.device(device).type == \"xpu\"" in source
+
+
+def test_triton_kernel_module_declares_a_triton_op():
+    """Read, not imported: importing it decorates a Triton kernel, which only a GPU runs (2.10's wrap_triton
+    rejects the CPU interpreter's kernels)."""
+    source = (ext.SOURCES / "triton_kernel.py").read_text()
+    assert '@triton_op("labs_triton::rms_norm", mutates_args=())' in source
+    assert "wrap_triton(rms_norm_kernel)" in source and "register_autograd(ext._backward" in source
+
+
+@pytest.mark.requires("triton_gpu")
+def test_triton_op_matches_reference_and_compiles_on_a_gpu():
+    from helpers.ext import triton_kernel
+    device = torch.accelerator.current_accelerator()
+    for args in ext.sample_inputs(device):
+        torch.testing.assert_close(triton_kernel.rms_norm(*args), ext.rms_norm_reference(*args), atol=2e-2, rtol=2e-2)
+        assert set(torch.library.opcheck(triton_kernel.rms_norm, args).values()) == {"SUCCESS"}

@@ -302,16 +302,20 @@ TRITON_SCRIPT = textwrap.dedent("""
         g = torch.Generator().manual_seed(0)
         xs = torch.randn(tokens + spare, k, generator=g).to(dtype)
         w = torch.randn(experts, k, n, generator=g).to(dtype)
-        out = moe.triton_gemm(xs, w, offs)
         ref = moe.loop_gemm(xs.float(), w.float(), offs)
-        errors.append([str(dtype), int((counts == 0).sum()), out.dtype == dtype,
-                       (out.float() - ref).abs().max().item() if tokens else 0.0])
+        for out in (moe.triton_gemm(xs, w, offs),
+                    moe.triton_gemm_persistent(xs, w, offs, programs=3, block_m=16, block_n=16, block_k=16),
+                    moe.triton_gemm_persistent(xs, w, offs, programs=1, validate=False)):
+            errors.append([str(dtype), int((counts == 0).sum()), out.dtype == dtype,
+                           (out.float() - ref).abs().max().item() if tokens else 0.0])
     print(json.dumps(errors))
 """)
 
 
 @pytest.mark.requires("triton")
-def test_triton_kernel_matches_the_loop_in_the_interpreter():
+def test_triton_kernels_match_the_loop_in_the_interpreter():
+    """Both kernels: the host-built tile list and the persistent grid that reads offs on the device
+    (with one program and with three, empty experts and rows past offs[-1] included)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=repo)
     done = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], env=env, capture_output=True, text=True,
@@ -341,3 +345,55 @@ def test_triton_kernel_asks_for_full_fp32_precision(monkeypatch, dtype, ieee):
     assert launches and launches[0]["IEEE"] is ieee
 
 
+def test_persistent_kernel_refuses_cpu_without_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    xs, w, offs, _ = problem(3, 0.0, torch.float32)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        moe.triton_gemm_persistent(xs, w, offs)
+
+
+@pytest.mark.parametrize("dtype, ieee", [(torch.float32, True), (torch.bfloat16, False)])
+def test_persistent_kernel_has_a_fixed_grid_and_reads_nothing_on_the_host(monkeypatch, dtype, ieee):
+    """The grid is (programs,) whatever the routing, and with validate=False the wrapper dispatches no
+    host read (the kernel loads offs itself)."""
+    grids, launches = [], []
+
+    class FakeKernel:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return lambda *args, **kwargs: launches.append(kwargs)
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(moe, "_persistent_kernel", lambda: FakeKernel())
+    xs, w = torch.randn(12, 16).to(dtype), torch.randn(3, 16, 8).to(dtype)
+    for counts in ([12, 0, 0], [0, 0, 12], [4, 4, 4]):
+        offs = moe.offsets_from_counts(torch.tensor(counts))
+        assert moe.host_reads(lambda: moe.triton_gemm_persistent(xs, w, offs, programs=5, validate=False)) == []
+    assert grids == [(5,)] * 3
+    assert all(k["IEEE"] is ieee and k["E"] == 3 and k["PROGRAMS"] == 5 for k in launches)
+
+
+def test_grouped_mm_path_sees_the_cpu_fallback():
+    """On a CPU, _grouped_mm_fallback calls mm once per group (empty groups too) after reading the offsets."""
+    xs, w, offs, counts = problem(6, 3.0, torch.float32)
+    assert int((counts == 0).sum()) > 0
+    path = moe.grouped_mm_path(xs, w, offs)
+    assert path["path"] == "loop of mm" and path["mm_calls"] == 6 and path["gpu_kernels"] == []
+
+
+def test_align_groups_pads_each_group_on_the_device():
+    counts = torch.tensor([0, 1, 8, 9, 31])
+    for multiple in (8, 16, 32):
+        aligned = moe.align_groups(counts, multiple)
+        assert torch.all(aligned % multiple == 0) and torch.all(aligned >= counts) and torch.all(aligned >= multiple)
+        assert torch.all(aligned - torch.clamp_min(counts, multiple) < multiple)
+        assert moe.host_reads(lambda: moe.align_groups(counts, multiple)) == []
+    assert moe.align_groups(counts, 8).tolist() == [8, 8, 8, 16, 32]
+
+
+def test_measure_split_times_grouped_mm_itself(monkeypatch):
+    """The sweep's "grouped_mm" row is F.grouped_mm, not the validated wrapper (which reads offs on the host)."""
+    called = []
+    monkeypatch.setattr(moe, "grouped_gemm", lambda *a: called.append("wrapper"))
+    run = moe.measure_split(moe.skewed_counts(32, 4, 1.0), 16, 16, repeats=1, min_run_time=0.001)
+    assert not called and set(run["vs_dense"]) == {"dense", "loop", "padded_bmm", "grouped_mm"}

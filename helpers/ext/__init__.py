@@ -1,4 +1,5 @@
-"""One custom op, three kernels: C++ for the CPU, SYCL for Intel GPUs, PyTorch as the reference.
+"""One custom op, several kernels: C++ for the CPU, SYCL for Intel GPUs, PyTorch as the reference; the same
+RMSNorm against the LibTorch stable ABI (its own op, labs_stable::rms_norm) and in Triton (helpers.ext.triton_kernel).
 
     from helpers import ext
     ext.load_cpu_kernels()           # build once (cached by source hash), register the C++ CPU kernel
@@ -35,6 +36,10 @@ NAMESPACE = "labs_ext"
 SOURCES = Path(__file__).resolve().parent
 CPU_SOURCE = SOURCES / "rms_norm_cpu.cpp"
 SYCL_SOURCE = SOURCES / "rms_norm_xpu.sycl"
+STABLE_SOURCE = SOURCES / "rms_norm_stable.cpp"
+STABLE_OP = "labs_stable::rms_norm"
+# TORCH_TARGET_VERSION: the oldest torch the stable-ABI build must load in, [major][minor][patch][abi tag 5 bytes]
+STABLE_TARGET = "0x020a000000000000"       # 2.10.0, as pytorch/tutorials' cpp_custom_ops.rst uses
 CACHE_DIR = Path(os.environ.get("LABS_CACHE", Path.home() / ".cache" / "pytorch-210-labs")) / "ext"
 STALE_LOCK_S = 600          # a build lock older than this was left by an interrupted build
 LIBRARY_SUFFIX = ".pyd" if sys.platform == "win32" else ".so"
@@ -142,6 +147,24 @@ def load_cpu_kernels(verbose: bool = False) -> Built:
     return build_and_load("labs_ext_cpu", CPU_SOURCE.read_text(), verbose=verbose)
 
 
+def load_stable_kernel(verbose: bool = False) -> Built:
+    """Build (once) and load rms_norm_stable.cpp: it defines labs_stable::rms_norm itself (STABLE_TORCH_LIBRARY)
+    with a CPU kernel, against the stable ABI targeting torch 2.10. Its fake kernel and autograd formula are
+    registered from Python after this call (register_stable_python_half): the library must be loaded first."""
+    return build_and_load("labs_stable_cpu", STABLE_SOURCE.read_text(), verbose=verbose,
+                          extra_cflags=("-O3", f"-DTORCH_TARGET_VERSION={STABLE_TARGET}"))
+
+
+def register_stable_python_half() -> bool:
+    """After load_stable_kernel(): the fake kernel and the autograd formula of labs_stable::rms_norm (the same
+    formula as labs_ext::rms_norm's). Registers once per process; returns whether it registered now."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key(STABLE_OP, "Meta"):
+        return False
+    torch.library.register_fake(STABLE_OP)(_rms_norm_fake)
+    torch.library.register_autograd(STABLE_OP, _backward, setup_context=_setup_context)
+    return True
+
+
 def load_xpu_kernels(verbose: bool = False) -> Built:
     """Build (once) and register the SYCL kernel of labs_ext::rms_norm. Needs icpx and an XPU torch.
 
@@ -234,6 +257,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     return torch.ops.labs_ext.rms_norm(x, weight, eps)
 
 
+def show(path: Path, start: str, stop: str | None = None) -> None:
+    """Print the lines of a source file from the first one containing `start` up to the next one containing
+    `stop` (to the end without it), headed by the file's name and the line numbers."""
+    lines = Path(path).read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if start in line)
+    last = next((i for i, line in enumerate(lines) if stop and stop in line and i > first), len(lines) - 1)
+    print(f"// {Path(path).name}, lines {first + 1}-{last + 1}")
+    print("\n".join(lines[first:last + 1]))
+
+
+def op_defined(qualname: str) -> bool:
+    """Whether the operator `ns::name` exists in this process (an op defined in C++ exists once its library
+    is loaded)."""
+    namespace, name = qualname.split("::")
+    try:
+        getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
 def native_kernels(op: str = RMS_NORM) -> dict[str, bool]:
     """Which dispatch keys have a kernel of their own for `op` (the rest use the fallback).
     Asks the dispatcher through a private torch function: it is for teaching and debugging."""
@@ -251,7 +295,9 @@ def kernel_for(device: torch.device | str, op: str = RMS_NORM) -> str:
 def sample_inputs(device: torch.device | str = "cpu", quick: bool = True) -> list[tuple]:
     """Arguments for opcheck and the numerics checks: odd shapes, several dtypes, one non-contiguous
     x, inputs that require grad."""
-    dtypes = [torch.float32, torch.bfloat16] + ([] if torch.device(device).type == "xpu" else [torch.float64])
+    # the SYCL kernel has no float64 kernel (several Intel GPUs lack native fp64): float16 there instead
+    dtypes = [torch.float32, torch.bfloat16] + ([torch.float16] if torch.device(device).type == "xpu"
+                                                else [torch.float64])
     shapes = [(3, 7), (2, 5, 33)] if quick else [(3, 7), (2, 5, 33), (1, 1), (64, 1025)]
     samples = []
     for dtype in dtypes:

@@ -124,7 +124,7 @@ print(f"{EXPERTS} experts, the busiest has {int(skewed.max())} of {ROWS} rows: "
 #
 # Both run in this process, on the same inputs, and the cell prints the ratio; no speed is required.
 # How much skipping the padding wins depends on the machine: in fp32, `grouped_mm` is the fallback
-# loop on CPU, on ROCm by default and on NVIDIA GPUs too (lesson 03: the fused CUTLASS kernel takes
+# loop on CPU, on ROCm by default and on NVIDIA GPUs too (lesson 03's deep dive: the fused CUTLASS kernel takes
 # bf16), and on a GPU the loop's launch per expert and its host read of `offs` count against it, so the
 # ratio there can be far from the padding factor printed above.
 

@@ -1,0 +1,419 @@
+# %% [markdown]
+# # 04 · Deep dive: Intel XPU and SYCL in 2.10, the stable ABI in detail, the Python route and AOTInductor
+#
+# | | |
+# |---|---|
+# | **What you will learn** | device-agnostic code with `torch.accelerator`, and where to synchronise; what `torch.xpu` added in 2.10, and capping a process's GPU memory; building SYCL: architectures and build time, oneAPI, `SYCL_HOME`, packaging with `SyclExtension`; the LibTorch stable ABI in detail (headers, ops, `TORCH_TARGET_VERSION`, a 2.10 build in a later torch); the Python route `torch.library.custom_op`, an in-place op and a declaration that lies; the op in an AOTInductor package; small against large inputs; what the article got wrong; pitfalls |
+# | **Prerequisites** | [lesson 04](04_xpu_sycl_custom_ops.ipynb) |
+# | **Hardware** | any CPU. The memory cap needs an Intel GPU; timing on a device needs any accelerator; AOTInductor and the C++ kernel need a C++ compiler (AOTInductor runs in full mode only) |
+# | **Time** | 36 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); `torch.xpu` and `torch/utils/cpp_extension.py` (`SYCL_HOME`, `_get_sycl_arch_list`) read in the 2.10.0 wheel; the stable-ABI headers in both wheels; what 2.10 added for XPU from its release notes (PR numbers below) |
+
+# %% tags=["parameters"]
+QUICK = False        # quick mode: small sizes, and no AOTInductor build (papermill: -p QUICK True)
+
+# %%
+import inspect
+import os
+import sys
+import tempfile
+import time
+
+import torch
+from torch import Tensor
+
+from helpers import ext
+from helpers.device import capabilities, pick_device, quick_mode, requires
+
+QUICK = quick_mode(QUICK)
+DEVICE = pick_device()
+caps = capabilities()
+torch.manual_seed(0)
+print(f"torch {torch.__version__} · device: {DEVICE} · XPU build of torch: {caps.xpu_compiled} · quick={QUICK}")
+
+# %% [markdown]
+# ## Device-agnostic code, and where to synchronise
+#
+# Decide the device once, then write code that only says `DEVICE` or `x.device`. **`torch.accelerator`**
+# (since 2.6) names the accelerator the installed build was made for (`cuda`, `xpu`, `mps`, ...) whether or
+# not one is present, and is `None` only for a CPU-only build: PyPI's Linux wheel is a CUDA build, so a
+# laptop without a GPU gets `cuda` here. `is_available()` says whether a device is really there.
+#
+# A device-agnostic function takes its device from its inputs and does **not** synchronise: ops are queued
+# and the host runs ahead; a `synchronize()` inside a wrapper makes every call wait. Synchronise only where
+# the host needs the device to be done (to read a clock or a value), and then *the device the tensors are
+# on*: `torch.accelerator.synchronize(x.device)`. Without an argument it waits for the current device, which
+# on a multi-GPU machine may not be `x`'s.
+
+# %%
+print("torch.accelerator.current_accelerator():", torch.accelerator.current_accelerator())
+print("torch.accelerator.is_available():       ", torch.accelerator.is_available())
+print("torch.get_device_module(DEVICE):        ", torch.get_device_module(DEVICE).__name__)
+
+
+def seconds_per_call(fn, x: Tensor) -> float:
+    """Time one call of fn(x): the one place that must wait for x's device before reading the clock."""
+    start = time.perf_counter()
+    fn(x)
+    if x.device.type not in ("cpu", "meta"):
+        torch.accelerator.synchronize(x.device)   # the same call on CUDA, ROCm, XPU and MPS
+    return time.perf_counter() - start
+
+
+if requires("accelerator", section="Timing the op on an accelerator"):
+    x_dev = torch.randn(64, 1024, device=DEVICE)
+    w_dev = torch.ones(1024, device=DEVICE)
+    seconds_per_call(lambda x: ext.rms_norm(x, w_dev), x_dev)          # warm-up
+    print(f"{DEVICE}: labs_ext.rms_norm ({ext.kernel_for(DEVICE)}) "
+          f"{seconds_per_call(lambda x: ext.rms_norm(x, w_dev), x_dev) * 1e6:.0f} µs for one call")
+
+# %% [markdown]
+# ## What `torch.xpu` offers in 2.10
+#
+# `torch.xpu` mirrors `torch.cuda` for Intel GPUs; Intel's separate extension (IPEX) is not needed. What the
+# 2.10 release notes list for Intel GPUs:
+#
+# | 2.10 change | API | PR |
+# |---|---|---|
+# | cap this process's share of GPU memory | `torch.xpu.set_per_process_memory_fraction(f)`, `get_per_process_memory_fraction()` | #165510 |
+# | plug in your own allocator (a shared library with `alloc`/`free` functions) | `torch.xpu.XPUPluggableAllocator(path, alloc_fn, free_fn)`, `torch.xpu.change_current_allocator(a)` | 2.10 release notes |
+# | SYCL C++ extensions on Windows (`icx`) | `SyclExtension`, `load_inline(sycl_sources=...)` | 2.10 release notes |
+# | int8 weight-only matmul kernel on XPU | `torch._weight_int8pack_mm` | #160938 |
+# | FP8 `scaled_mm` (tensor-wise, row-wise) on XPU | `torch._scaled_mm`, `scaled_mm_v2` | #165978, #167518 |
+#
+# The names exist in every build (only their calls need an Intel GPU):
+
+# %% tags=["nbval-check-output"]
+XPU_IN_210 = ["set_per_process_memory_fraction", "get_per_process_memory_fraction",
+              "XPUPluggableAllocator", "change_current_allocator"]
+XPU_BASICS = ["is_available", "device_count", "get_device_properties", "synchronize", "mem_get_info",
+              "memory_allocated", "max_memory_allocated", "empty_cache", "Stream", "Event"]
+absent = [name for name in XPU_IN_210 + XPU_BASICS if not hasattr(torch.xpu, name)]
+assert not absent, f"missing from torch.xpu: {absent}"
+for name in XPU_IN_210:    # parameter names only: annotations print differently across torch versions
+    print(f"torch.xpu.{name}({', '.join(inspect.signature(getattr(torch.xpu, name)).parameters)})")
+print(f"and {len(XPU_BASICS)} long-standing calls: {', '.join(XPU_BASICS)}")
+
+# %% [markdown]
+# `set_per_process_memory_fraction` shares one GPU between processes: past `fraction x total memory` the
+# caching allocator raises an out-of-memory error instead of taking memory another process needs. The cell
+# caps this process at a quarter of the GPU, asks for more, and restores the cap. It reads the total from
+# `get_device_properties`: `torch.xpu.mem_get_info()` needs `ZES_ENABLE_SYSMAN=1` on many drivers (pitfalls).
+
+# %%
+if requires("xpu", section="torch.xpu memory controls on an Intel GPU"):
+    props = torch.xpu.get_device_properties(0)
+    total = props.total_memory
+    print(f"{props.name}: {total / 2**30:.1f} GiB total")
+    old_fraction = torch.xpu.get_per_process_memory_fraction()
+    torch.xpu.set_per_process_memory_fraction(0.25)
+    try:
+        too_big = torch.empty(int(total * 0.30) // 4, dtype=torch.float32, device="xpu")
+        print(f"allocated {too_big.numel() * 4 / 2**30:.1f} GiB above the 25% cap: the cap did not hold")
+        del too_big
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        print("refused above the 25% cap:", str(exc).splitlines()[0][:200])
+    finally:
+        torch.xpu.set_per_process_memory_fraction(old_fraction)
+        torch.xpu.empty_cache()
+    print("fraction restored to", torch.xpu.get_per_process_memory_fraction())
+
+# %% [markdown]
+# ## Building SYCL: compiler, architectures, packaging
+#
+# **Which compiler, when.** `torch.utils.cpp_extension` looks for `icpx` once, when it is imported
+# (`SYCL_HOME = _find_sycl_home() if torch.xpu._is_compiled() else None`, line 238 of 2.10's
+# `cpp_extension.py`), and many imports pull it in: `torch.utils.benchmark` does, so `helpers.bench` does.
+# So activate the compiler's environment (pytorch/tutorials' `cpp_custom_ops_sycl.rst`: the Intel compiler
+# of Intel's Deep Learning Essentials, activated before running) *before* starting Python or Jupyter;
+# changing `PATH` in a cell is too late. Use the oneAPI version torch was built with
+# (`python -m torch.utils.collect_env`): the XPU wheel ships its own SYCL runtime, and another version's
+# environment at run time is where the `UR error` and `libpti_view.so` reports below come from.
+
+# %% tags=["nbval-check-output"]
+print("torch.utils.cpp_extension imported already:", "torch.utils.cpp_extension" in sys.modules)
+
+# %% [markdown]
+# **Architectures and build time.** torch compiles SYCL sources ahead of time for every architecture in
+# `torch.xpu.get_arch_list()` except `dg2*` (Arc A-series), plus SPIR-V that the driver compiles on first
+# launch for any other Intel GPU (`_get_sycl_arch_list` and `_append_sycl_targets_if_missing` in
+# `cpp_extension.py`): the build runs everywhere but spends minutes compiling ahead of time.
+# `TORCH_XPU_ARCH_LIST` chooses: `"bmg"` for one architecture, `""` for SPIR-V only, which
+# `ext.load_xpu_kernels` uses unless you set it (a short build, a compile on first launch, which a
+# benchmark's warm-up absorbs). The SYCL kernel has no float64 kernel, by choice: several Intel GPUs (Arc
+# A-series) lack native fp64, so `ext.sample_inputs("xpu")` tests float16 there instead.
+#
+# **Packaging.** `load_inline` suits lessons. A library you ship is built ahead of time into a wheel:
+# `helpers/ext/example_setup/setup.py` builds the same sources with `SyclExtension` where an XPU torch and
+# `icpx` exist, with `CppExtension` (CPU kernel only) elsewhere. `pip install --no-build-isolation .` (so the
+# build uses your installed torch); ninja is required; `.sycl` files go to `icpx`/`icx`, `.cpp` files to the
+# host compiler; SYCL builds on Windows need torch 2.10 or newer.
+
+# %%
+ext.show(ext.SOURCES / "example_setup" / "setup.py", "sources = [", "install_requires")
+
+# %% [markdown]
+# ## The stable ABI in detail
+#
+# The core lesson built `rms_norm_stable.cpp` against the stable ABI. What it rests on:
+#
+# - **Headers.** `torch/csrc/stable` (`torch::stable::Tensor`, `STABLE_TORCH_LIBRARY`,
+#   `STABLE_TORCH_LIBRARY_IMPL`, `STABLE_TORCH_LIBRARY_FRAGMENT`, `TORCH_BOX`, the ops in `ops.h`) and
+#   `torch/headeronly` (`ScalarType`, `STD_TORCH_CHECK`, utilities without libtorch). Every call goes
+#   through the C shim (`torch_call_dispatcher`, `aoti_torch_*`), whose functions never change signature.
+# - **`TORCH_TARGET_VERSION`** (`torch/csrc/stable/version.h`) is the oldest torch the build must load in,
+#   `[major][minor][patch][5 bytes ABI tag]`, so 2.10.0 is `0x020a000000000000`. The headers hide whatever is
+#   newer than the target: in 2.13's `ops.h`, `from_blob` with a deleter is under
+#   `#if TORCH_FEATURE_VERSION >= TORCH_VERSION_2_11_0`, so a 2.10-targeted build cannot call it by mistake.
+# - **What 2.10 has.** Its `stable/` lacks `generator.h`, which 2.13 adds; its `ops.h` declares 28 functions
+#   (`ext.stable_abi_headers()` on the 2.10 wheel), among them `parallel_for`, `empty_like`, `contiguous`,
+#   `new_empty`, `fill_`, `copy_`, `transpose` and `matmul`. Everything
+#   else (`AT_DISPATCH_*`, `at::opmath_type`, `at::vec`) is not there: the stable kernel is float32-only for
+#   that reason, and a kernel that needs more stays classic.
+# - **One build, later torches.** For this lesson a 2.10 build of `rms_norm_stable.cpp` was loaded into
+#   torch 2.13 and gave the reference's numbers; the classic `rms_norm_cpu.cpp` built on 2.10 failed to load
+#   in 2.13 with `undefined symbol: at::TensorBase::const_data_ptr<float>` (demangled).
+#
+# What the installed torch ships, and the two builds' times on this machine:
+
+# %%
+abi = ext.stable_abi_headers()
+print("torch/csrc/stable:", ", ".join(abi["stable"]))
+print("torch/headeronly: ", ", ".join(abi["headeronly"]))
+print(f"torch::stable ops in ops.h ({len(abi['ops'])}):", ", ".join(abi["ops"]))
+if requires("cxx", "ninja", section="Build the C++ CPU kernel"):
+    classic, stable = ext.load_cpu_kernels(), ext.load_stable_kernel()
+    ext.register_stable_python_half()
+    print(f"build time when it ran: classic {classic.build_s:.1f} s, stable ABI {stable.build_s:.1f} s "
+          "(the classic one parses ATen's headers)")
+
+
+# %% [markdown]
+# ## The Python route: `torch.library.custom_op`, in place, and a declaration that lies
+#
+# Since 2.4 the recommended way to make a Python function an op is `torch.library.custom_op`
+# (https://docs.pytorch.org/docs/stable/library.html): it infers the schema from the type hints, and
+# `mutates_args` names the arguments the function writes (`()` for none). The kernel can be anything Python
+# can call (NumPy, a Triton launcher, a C library through ctypes); `register_fake`, `register_autograd` and
+# `register_kernel("xpu")` attach the rest. The same RMSNorm, and an **in-place** variant:
+
+# %%
+@torch.library.custom_op("labs_py::rms_norm", mutates_args=())
+def rms_norm_py(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    return ext.rms_norm_reference(x, weight, eps)        # any Python: this is the kernel
+
+
+@rms_norm_py.register_fake
+def _(x, weight, eps=1e-6):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("labs_py::rms_norm_", mutates_args=("x",))
+def rms_norm_py_(x: Tensor, weight: Tensor, eps: float = 1e-6) -> None:
+    x.copy_(ext.rms_norm_reference(x, weight, eps))     # writes x: declared in mutates_args
+
+
+@rms_norm_py_.register_fake
+def _(x, weight, eps=1e-6):
+    return None                                       # an in-place op returns nothing
+
+
+for op in (rms_norm_py, rms_norm_py_):
+    print(" ", str(op._opoverload._schema).replace("9.9999999999999995e-07", "1e-06"))
+
+# %% tags=["nbval-check-output"]
+x8, w8 = torch.randn(4, 8), torch.rand(8)
+quick_tests = ("test_schema", "test_faketensor")          # full mode adds the autograd and compile tests
+for op, args in ((rms_norm_py, (x8, w8)), (rms_norm_py_, (x8.clone(), w8))):
+    result = torch.library.opcheck(op, args, **({"test_utils": quick_tests} if QUICK else {}))
+    assert set(result.values()) == {"SUCCESS"}, result
+x_inplace = x8.clone()
+assert rms_norm_py_(x_inplace, w8) is None
+torch.testing.assert_close(x_inplace, ext.rms_norm(x8, w8))
+print("opcheck passes for both; the in-place op wrote ext.rms_norm's result into x")
+
+
+# %% [markdown]
+# `(Tensor(a0!) x ...) -> ()` is the schema language's "writes `x`, returns nothing"; in C++ the same
+# schema is written `Tensor(a!) x`. Under `torch.compile` a mutable op is called through
+# `auto_functionalized` on a copy that is then written back, so every compiler pass sees pure functions.
+# That is why the declaration must be true: `opcheck`'s `test_schema` runs the op and compares the inputs
+# before and after. An op that writes its input but declares `mutates_args=()`:
+
+# %%
+@torch.library.custom_op("labs_py::scale_twice", mutates_args=())     # a lie: it writes x
+def scale_twice(x: Tensor) -> Tensor:
+    x.mul_(2)
+    return x.clone()
+
+
+@scale_twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+outcome = torch.library.opcheck(scale_twice, (torch.randn(3),), raise_exception=False)
+print("test_schema:", str(outcome["test_schema"]).splitlines()[0][:200])
+
+
+# %% [markdown]
+# ## The op in an AOTInductor package
+#
+# `torch._inductor.aoti_compile_and_package` compiles an `ExportedProgram` into a `.pt2` package with a shared
+# library, loadable from Python (`aoti_load_package`) or C++ without the model's Python code
+# (https://docs.pytorch.org/docs/stable/torch.compiler_aot_inductor.html). It cannot compile an opaque op, so
+# the package calls it through the dispatcher at run time (its *proxy executor*): the process that loads the
+# package must have the op registered. For `labs_ext::rms_norm`, defined from Python, that means importing
+# `helpers.ext`; an op defined in C++ (like `labs_stable::rms_norm`) needs only its library loaded. The build
+# compiles the whole model as C++: on the 2 shared cores this lesson was checked on it took close to a
+# minute, too long for CI's quick mode, so quick mode skips it.
+
+# %%
+class PreNormBlock(torch.nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(hidden))
+        self.proj = torch.nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        return x + self.proj(ext.rms_norm(x, self.weight))
+
+
+if requires("cxx", section="AOTInductor package with the custom op"):
+    if QUICK:
+        print("quick mode: the package is not compiled (AOTInductor builds the whole model as C++); "
+              "run with QUICK = False to build it")
+    else:
+        model = PreNormBlock(64).eval()
+        x_export = torch.randn(16, 64)
+        exported = torch.export.export(model, (x_export,))
+        start = time.perf_counter()
+        package = torch._inductor.aoti_compile_and_package(
+            exported, package_path=os.path.join(tempfile.mkdtemp(), "prenorm_block.pt2"))
+        compile_s = time.perf_counter() - start
+        loaded = torch._inductor.aoti_load_package(package)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x_export), model(x_export))
+        print(f"{os.path.basename(package)}: compiled in {compile_s:.1f} s; its output matches the model")
+        print("ops the package calls through the dispatcher (must be registered where it runs):",
+              ext.package_proxy_calls(package))
+
+# %% [markdown]
+# ## Try it: small rows against large ones
+#
+# On inputs larger than the caches, the fused kernel should win by about the ratio of bytes moved (the
+# reference reads a full-size tensor four times and writes three). On small inputs the fixed cost per call
+# (Python, the dispatcher, waking the thread pool) dominates and the differences shrink or reverse. Move the
+# slider (64 rows, width 2^k, float32):
+
+# %%
+import ipywidgets as widgets
+
+from helpers.interactive import interact
+
+
+def time_width(log2_hidden=10):
+    r = ext.compare_kernels(64, 2 ** log2_hidden, repeats=3, min_run_time=0.02)
+    ratio = r["results"]["labs_ext.rms_norm"]["ratio_to_baseline"]
+    print(f"64 x {2 ** log2_hidden}: labs_ext.rms_norm ({r['kernel']}) is {ratio:.2f}x the reference")
+
+
+interact(time_width, log2_hidden=widgets.IntSlider(value=10, min=4, max=16, step=2));
+
+# %% [markdown]
+# ## What changes on other hardware
+#
+# - **Intel GPU with an XPU torch and `icpx`**: XPU tensors run the SYCL kernel; the CPU kernel still serves
+#   CPU tensors. **Without `icpx`**, XPU tensors run the PyTorch reference through the same op.
+# - **NVIDIA or AMD GPU**: CUDA/ROCm tensors run the reference, or the Triton kernel of the core lesson; a
+#   CUDA or HIP kernel would be one more `TORCH_LIBRARY_IMPL(labs_ext, CUDA, m)` block built with
+#   `CUDAExtension`, and nothing else about the op changes.
+# - **More CPU cores**: `at::parallel_for` spreads the rows over more threads; the reference's passes are
+#   each parallel too, so the ratio depends on memory bandwidth more than on cores.
+#
+# ## What the article got wrong
+#
+# - **"Upcoming Gaudi accelerators" under the XPU API**: Gaudi is not an XPU device. It is HPU, supported out
+#   of tree by Intel's Gaudi software.
+# - **"New hardware abstraction interfaces"**: the 2.10 `torch.xpu` additions are the memory-fraction and
+#   pluggable-allocator calls (plus new XPU kernels); the device-agnostic layer is `torch.accelerator`, older.
+# - **"scaled_mm ... with automatic scaling factor management"**: `torch._scaled_mm` takes the scales as
+#   required arguments (`scale_a`, `scale_b`); you compute them.
+# - **"SYCL compilation ... across all major operating systems"**: SYCL extensions build on Linux (since
+#   2.8) and, new in 2.10, on Windows; macOS has no XPU build of torch.
+#
+# ## Pitfalls
+#
+# **`load_inline(sycl_sources=...)` on a torch without XPU support.** On a CPU build with ninja present the
+# error is an `OSError` about the SYCL runtime (torch 2.10-2.13 spell it "dected"); without ninja, torch
+# stops earlier and asks for ninja.
+
+# %%
+if not caps.xpu_compiled:
+    from torch.utils.cpp_extension import load_inline
+    try:
+        load_inline("sycl_probe", cpp_sources="", sycl_sources="// any SYCL source\n",
+                    build_directory=tempfile.mkdtemp(), is_python_module=False, no_implicit_headers=True)
+    except (OSError, RuntimeError) as exc:
+        print(f"{type(exc).__name__}: {exc}")
+else:
+    print("This torch is an XPU build: it finds its SYCL runtime, and the call would start a real build.")
+
+# %% [markdown]
+# **A missing compiler.** `helpers.ext` asks `helpers.device` before building and says what to install;
+# `load_inline` itself would fail later with a longer message. Here with an empty `PATH`, for a source not in
+# the cache:
+
+# %% tags=["nbval-check-output"]
+saved_path = os.environ["PATH"]
+os.environ["PATH"] = tempfile.mkdtemp()
+try:
+    ext.build_and_load("labs_ext_demo", "// never built\n")
+except ext.BuildError as exc:
+    print(f"BuildError: {exc}")
+finally:
+    os.environ["PATH"] = saved_path
+
+# %% [markdown]
+# **A fake kernel that lies.** Registration accepts any function; a wrong fake kernel fails only when
+# something traces the op, far from the cause. `opcheck` finds it at once. A demo op whose fake kernel
+# returns float64 for float32 inputs:
+
+# %% tags=["nbval-check-output"]
+demo = torch.library.Library("labs_demo", "DEF")
+demo.define("double_it(Tensor x) -> Tensor")
+demo.impl("double_it", lambda x: x * 2, "CPU")
+torch.library.register_fake("labs_demo::double_it", lambda x: torch.empty_like(x, dtype=torch.float64), lib=demo)
+outcome = torch.library.opcheck(torch.ops.labs_demo.double_it.default, (torch.randn(3),),
+                                test_utils=("test_faketensor",), raise_exception=False)
+print("test_faketensor:", str(outcome["test_faketensor"]).splitlines()[0])
+
+# %% [markdown]
+# More pitfalls, each seen in practice:
+#
+# - **Registering the Python half late.** Register the fake kernel and the autograd formula of an op defined
+#   in C++ right after loading its library, before anything compiles the op. Compiling a function that
+#   calls it first (a graph break, since there is no fake kernel yet) and registering `register_autograd`
+#   afterwards left `opcheck`'s `test_aot_dispatch_dynamic` failing with "Gradients of the operator are
+#   different in eager-mode PyTorch vs AOTDispatcher" on 2.10 and 2.13, while eager autograd worked.
+# - **Reloading an edited library that defines a namespace** (`TORCH_LIBRARY` or `STABLE_TORCH_LIBRARY`): a
+#   second definition of the namespace fails; with the stable ABI it crashed the Python process (a
+#   segmentation fault on 2.10 and 2.13). Restart the kernel, or keep the schema in Python as `labs_ext` does.
+# - **No autograd formula**: backward goes through a deprecated fallback that warns "an autograd kernel was
+#   not registered to the Autograd key(s) but we are trying to backprop through it"; with a C++ kernel the
+#   inputs get no gradient. `opcheck`'s `test_autograd_registration` catches it.
+# - **A killed build** leaves a `lock` file in the build directory, and the next `load_inline` for that
+#   directory waits for it forever (torch's `FileBaton.wait`); `helpers.ext` removes locks older than 10
+#   minutes. Old cache directories (`~/.cache/pytorch-210-labs/ext/`) are safe to delete.
+# - **"Ninja is required to build SyclExtension"**: `pip install ninja`.
+# - **`RuntimeError: UR error` or `ImportError: libpti_view.so`** with a oneAPI environment active at run
+#   time: reported when that oneAPI is not the version torch was built with; match the versions, as above.
+# - **`torch.xpu.mem_get_info()` raises** "... doesn't support querying the available free memory" on
+#   drivers that report free memory only through Level Zero sysman (Data Center GPU Max among them): set
+#   `ZES_ENABLE_SYSMAN=1` before the process starts, or read `get_device_properties(0).total_memory`.
+# - **The kernel on the wrong GPU**: a kernel registered with `TORCH_LIBRARY_IMPL` gets no device guard from
+#   torch. Without `c10::DeviceGuard guard(x.device())` and the queue of `x`'s device, a tensor on `xpu:1` is
+#   launched on `xpu:0`'s queue; `rms_norm_xpu.sycl` sets both.
+# - **`torch.xpu` calls on a torch without XPU support** fail at their first use of the device: check
+#   `torch.xpu.is_available()` first. `torch.xpu._is_compiled()` tells a CPU wheel (False) from a missing
+#   driver (True, but not available).
