@@ -4,6 +4,7 @@
     w_hat = dequantize_per_channel(q, scales)
     scale = calibrate(x, "mse", bits=8, axis=0)      # min-max, percentile or MSE
     layer = Int8WeightOnlyLinear.from_linear(linear) # torch._weight_int8pack_mm, bf16 activations
+    layer4 = Int4WeightOnlyLinear.from_linear(linear) # packed int4 per group, torch._weight_int4pack_mm_for_cpu
     y = fake_quant_ste(w, scale, bits=4)             # forward quantized, gradient straight through
 
 Quantization is symmetric (zero point 0) unless a function says otherwise:
@@ -26,7 +27,22 @@ from helpers.device import fp8_dtype, missing
 
 CALIBRATORS = ("minmax", "percentile", "mse")
 INT8_PATHS = ("int8pack_bf16", "int8pack_fp32", "dequant")
-BF16_K_MULTIPLE = 8   # torch 2.13 CPU: _weight_int8pack_mm with bf16 input and K % 8 != 0 segfaulted here
+INT4_GROUP_SIZES = (32, 64, 128, 256)   # what torch._weight_int4pack_mm_for_cpu accepts
+
+
+def bf16_k_multiple(capability: str | None = None) -> int:
+    """K must be a multiple of this for the CPU torch._weight_int8pack_mm with bf16 activations.
+
+    The kernel (aten/src/ATen/native/cpu/int8mm_kernel.cpp) is compiled per CPU ISA. Its AVX512 build
+    steps k by 16 with aligned loads of the bf16 and int8 rows: K = 8, 24, 36 or 40 crashed the process
+    (SIGSEGV) on an AVX512 host with torch 2.10 and 2.13, K = 16, 32, 48, 64 ran. Under AVX2 (the same
+    host with ATEN_CPU_CAPABILITY=avx2, and an AVX2 host) K = 8, 24 and 40 ran and K = 36 crashed. Other
+    ISAs (aarch64, DEFAULT) were not measured: 8, the smaller known step, is assumed. `capability` is
+    torch's CPU ISA string (helpers.device.cpu_capability(): "AVX512", "AVX2", "DEFAULT", ...)."""
+    if capability is None:
+        from helpers.device import cpu_capability
+        capability = cpu_capability()
+    return 16 if capability.upper().startswith("AVX512") else 8
 
 
 def qmax(bits: int) -> int:
@@ -278,25 +294,30 @@ def quantize_model_per_group(model: nn.Module, bits: int = 4, group_size: int | 
 
 def int8_weight_only_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """torch._weight_int8pack_mm(x [M, K], q int8 [N, K], scales [N]) with its preconditions checked
-    first, so a mistake raises a clear error instead of "expected scalar type ..." or a crash."""
+    first, so a mistake raises a clear error instead of "expected scalar type ..." or a crash. The two
+    CPU-only rules: scales in x's dtype (the CPU kernel reads them as x's type; CUDA's int8mm.cu
+    converts x and scales to fp32 itself), and with bf16 activations K a multiple of bf16_k_multiple()."""
     if x.dim() != 2 or q.dim() != 2 or q.dtype != torch.int8:
         raise TypeError(f"need x [M, K] and int8 q [N, K]; got x {tuple(x.shape)}, q {q.dtype} {tuple(q.shape)}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
-    if scales.dtype != x.dtype:
-        raise TypeError(f"scales are {scales.dtype} but x is {x.dtype}: the kernel needs them equal; "
-                        f"pass scales.to(x.dtype)")
-    if x.dtype == torch.bfloat16 and q.shape[1] % BF16_K_MULTIPLE:
-        raise ValueError(f"K = {q.shape[1]} is not a multiple of {BF16_K_MULTIPLE}: the CPU kernel with bf16 "
-                         f"activations crashed the process for such sizes here; pad K or use fp32")
+    if x.device.type == "cpu":
+        if scales.dtype != x.dtype:
+            raise TypeError(f"scales are {scales.dtype} but x is {x.dtype}: the CPU kernel needs them equal; "
+                            f"pass scales.to(x.dtype)")
+        multiple = bf16_k_multiple()
+        if x.dtype == torch.bfloat16 and q.shape[1] % multiple:
+            raise ValueError(f"K = {q.shape[1]} is not a multiple of {multiple}: on this CPU's ISA the kernel with "
+                             f"bf16 activations crashes the process for such sizes; pad K or use fp32")
     return torch._weight_int8pack_mm(x.contiguous(), q, scales)
 
 
 class Int8WeightOnlyLinear(nn.Module):
     """y = x @ (q * scales).T + bias with int8 weights stored, through one of INT8_PATHS:
 
-    - "int8pack_bf16": torch._weight_int8pack_mm with the activations cast to bf16 (the fast path);
-    - "int8pack_fp32": the same kernel fed fp32 activations (correct, but a slow kernel on CPU);
+    - "int8pack_bf16": torch._weight_int8pack_mm with the activations cast to bf16 (the fast path on x86);
+    - "int8pack_fp32": the same kernel fed fp32 activations (correct; on x86 CPUs a slow path, while the
+      aarch64 build of int8mm_kernel.cpp vectorizes fp32 too: choose_fastest_path measures it);
     - "dequant": dequantize to the activation dtype, then F.linear (runs anywhere, reads 4 bytes/weight).
     The output has the input's dtype whatever the path.
     """
@@ -309,8 +330,9 @@ class Int8WeightOnlyLinear(nn.Module):
         if scales.shape != (q.shape[0],):
             raise ValueError(f"scales must have shape ({q.shape[0]},), got {tuple(scales.shape)}")
         self.register_buffer("q", q.contiguous())
+        # one scale buffer, fp32; the kernel's paths cast it to the activations' dtype per call (N values,
+        # nothing next to the N x K codes), so the bytes held and a saved state_dict count it once
         self.register_buffer("scales", scales.float())
-        self.register_buffer("scales_bf16", scales.to(torch.bfloat16))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.path = path
 
@@ -322,9 +344,9 @@ class Int8WeightOnlyLinear(nn.Module):
     def path(self, value: str) -> None:
         if value not in INT8_PATHS:
             raise ValueError(f"unknown path {value!r}; use one of {INT8_PATHS}")
-        if value == "int8pack_bf16" and self.q.shape[1] % BF16_K_MULTIPLE:
-            raise ValueError(f"in_features {self.q.shape[1]} is not a multiple of {BF16_K_MULTIPLE}: the CPU "
-                             f"kernel with bf16 activations crashed the process for such sizes here; "
+        if value == "int8pack_bf16" and self.q.device.type == "cpu" and self.q.shape[1] % bf16_k_multiple():
+            raise ValueError(f"in_features {self.q.shape[1]} is not a multiple of {bf16_k_multiple()}: on this "
+                             f"CPU's ISA the kernel with bf16 activations crashes the process for such sizes; "
                              f"use path='dequant' (or pad the weight)")
         self._path = value
 
@@ -333,7 +355,7 @@ class Int8WeightOnlyLinear(nn.Module):
         """path "auto": int8pack_bf16 when in_features allows it, else dequant."""
         q, scales = quantize_per_channel(linear.weight.detach())
         if path == "auto":
-            path = "int8pack_bf16" if linear.in_features % BF16_K_MULTIPLE == 0 else "dequant"
+            path = "int8pack_bf16" if linear.in_features % bf16_k_multiple() == 0 else "dequant"
         return cls(q, scales, linear.bias, path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -342,7 +364,7 @@ class Int8WeightOnlyLinear(nn.Module):
             raise ValueError(f"input's last dimension is {x.shape[-1]}, this layer takes {k}")
         x2 = x.reshape(-1, k)
         if self._path == "int8pack_bf16":
-            y = int8_weight_only_mm(x2.to(torch.bfloat16), self.q, self.scales_bf16)
+            y = int8_weight_only_mm(x2.to(torch.bfloat16), self.q, self.scales.to(torch.bfloat16))
         elif self._path == "int8pack_fp32":
             y = int8_weight_only_mm(x2.float(), self.q, self.scales)
         else:
@@ -383,6 +405,83 @@ def choose_fastest_path(layer: Int8WeightOnlyLinear, example: torch.Tensor, path
     times = {p: r["median_s"] for p, r in timing["results"].items()}
     layer.path = min(times, key=times.get)
     return {"path": layer.path, "errors": errors, "times_s": times}
+
+
+# --- int4 weight-only, packed two codes per byte (torch's CPU kernel, no torchao) --------------
+
+def quantize_int4_packed(w: torch.Tensor, group_size: int = 32, dtype: torch.dtype = torch.bfloat16
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 per group of `group_size` inputs, in the layout of torch._weight_int4pack_mm_for_cpu:
+    codes 0..15 packed two per byte (uint8 [N, K / 2], torch._convert_weight_to_int4pack_for_cpu) and
+    scale_and_zero [K / group_size, N, 2] in `dtype`, with w approximately (q - 8) * scale + zero (zero is the
+    value code 8 stands for; min-max per group, as torchao's "tinygemm" choice). N must be a multiple of 16."""
+    _check_float(w, "w")
+    if w.dim() != 2:
+        raise ValueError(f"w must be 2-D [out_features, in_features], got shape {tuple(w.shape)}")
+    n, k = w.shape
+    if group_size not in INT4_GROUP_SIZES or k % group_size:
+        raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} and divide in_features {k}, got {group_size}")
+    if n % 16:
+        raise ValueError(f"out_features {n} is not a multiple of 16, which the packed CPU int4 layout needs")
+    groups = w.detach().float().reshape(n, k // group_size, group_size)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    codes = torch.clamp(torch.round((groups - lo[..., None]) / scale[..., None]), 0, 15).to(torch.int32)
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes.reshape(n, k), 1)
+    scale_and_zero = torch.stack([scale, lo + 8 * scale], -1).transpose(0, 1).contiguous().to(dtype)
+    return packed, scale_and_zero
+
+
+def int4_codes(packed: torch.Tensor) -> torch.Tensor:
+    """The codes 0..15 [N, K] back out of the packed layout, by multiplying it with the identity matrix
+    (the kernel is the only documented reader of its layout)."""
+    k = packed.shape[1] * 2
+    ones = torch.zeros(k // 32, packed.shape[0], 2)
+    ones[..., 0] = 1.0                                   # scale 1, zero 0: the kernel returns q - 8
+    return (torch._weight_int4pack_mm_for_cpu(torch.eye(k), packed, 32, ones).t() + 8).round().to(torch.int32)
+
+
+def dequantize_int4_packed(packed: torch.Tensor, scale_and_zero: torch.Tensor, dtype: torch.dtype = torch.float32
+                           ) -> torch.Tensor:
+    n, k = packed.shape[0], packed.shape[1] * 2
+    group_size = k // scale_and_zero.shape[0]
+    codes = int4_codes(packed).float().reshape(n, -1, group_size)
+    scale, zero = scale_and_zero.float().transpose(0, 1).unbind(-1)
+    return ((codes - 8) * scale[..., None] + zero[..., None]).reshape(n, k).to(dtype)
+
+
+class Int4WeightOnlyLinear(nn.Module):
+    """y = x @ dequant(w).T + bias with int4 weights packed two per byte and one bf16 scale and zero per
+    group: torch._weight_int4pack_mm_for_cpu on bf16 activations (CPU). The output has x's dtype."""
+
+    def __init__(self, packed: torch.Tensor, scale_and_zero: torch.Tensor, group_size: int,
+                 bias: torch.Tensor | None = None):
+        super().__init__()
+        if packed.dtype != torch.uint8 or packed.dim() != 2:
+            raise TypeError(f"packed must be a 2-D uint8 tensor [N, K / 2], got {packed.dtype} {tuple(packed.shape)}")
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_and_zero", scale_and_zero)
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.group_size = group_size
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = 32) -> "Int4WeightOnlyLinear":
+        packed, scale_and_zero = quantize_int4_packed(linear.weight, group_size)
+        return cls(packed, scale_and_zero, group_size, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.packed.shape[1] * 2
+        if x.shape[-1] != k:
+            raise ValueError(f"input's last dimension is {x.shape[-1]}, this layer takes {k}")
+        y = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, k).to(self.scale_and_zero.dtype).contiguous(),
+                                              self.packed, self.group_size, self.scale_and_zero).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.packed.shape[0])
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.packed.shape[1] * 2}, out_features={self.packed.shape[0]}, "
+                f"group_size={self.group_size}")
 
 
 # --- int4 weight-only with torchao on CPU ----------------------------------------------------

@@ -175,13 +175,48 @@ def test_int8_linear_close_to_float_linear_and_keeps_input_dtype():
     assert layer.path == "int8pack_bf16" and layer.q.dtype == torch.int8
 
 
-def test_int8_linear_refuses_bf16_kernel_for_k_not_multiple_of_8():
+def test_int8_linear_refuses_bf16_kernel_for_k_not_multiple_of_the_isa_step():
+    step = quant.bf16_k_multiple()
     lin = nn.Linear(33, 8)
     assert quant.Int8WeightOnlyLinear.from_linear(lin).path == "dequant"
-    with pytest.raises(ValueError, match="not a multiple of 8"):
+    with pytest.raises(ValueError, match=f"not a multiple of {step}"):
         quant.Int8WeightOnlyLinear.from_linear(lin, path="int8pack_bf16")
     with pytest.raises(ValueError, match="unknown path"):
         quant.Int8WeightOnlyLinear.from_linear(nn.Linear(8, 8), path="fast")
+    # K = 24 is a multiple of AVX2's step and not of AVX512's: refused exactly where the kernel crashed
+    assert (quant.Int8WeightOnlyLinear.from_linear(nn.Linear(24, 8)).path == "int8pack_bf16") == (step == 8)
+
+
+def test_bf16_k_multiple_follows_the_cpu_isa():
+    """N12: the AVX512 kernel steps k by 16 with aligned loads; AVX2's by 8 (int8mm_kernel.cpp)."""
+    from helpers.device import cpu_capability
+    assert quant.bf16_k_multiple("AVX512") == 16
+    assert quant.bf16_k_multiple("AVX2") == 8 and quant.bf16_k_multiple("DEFAULT") == 8
+    assert quant.bf16_k_multiple() == quant.bf16_k_multiple(cpu_capability())
+
+
+@pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")), reason="an x86 CPU")
+def test_bf16_k_guard_follows_aten_cpu_capability_in_a_child_process():
+    """The guard reads the ISA ATen dispatches to, so ATEN_CPU_CAPABILITY=avx2 lowers it on an AVX512
+    host; and the smallest K it admits runs and is right under each ISA."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch; from helpers import quant; k = quant.bf16_k_multiple(); "
+            "x = torch.randn(3, k, dtype=torch.bfloat16); q = torch.randint(-127, 128, (16, k), dtype=torch.int8); "
+            "s = torch.rand(16, dtype=torch.bfloat16) + 0.5; y = quant.int8_weight_only_mm(x, q, s).float(); "
+            "ref = x.float() @ (q.float() * s.float()[:, None]).t(); "
+            "assert ((y - ref).norm() / ref.norm()) < 1e-2; print(torch.backends.cpu.get_cpu_capability(), k)")
+    seen = {}
+    for isa in ("avx2", None):
+        env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+        if isa:
+            env["ATEN_CPU_CAPABILITY"] = isa
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr[-500:]
+        name, k = done.stdout.split()
+        seen[name] = int(k)
+    assert seen.get("AVX2") == 8 and seen.get("AVX512", 16) == 16, seen
 
 
 def test_int8_kernel_scales_dtype_must_match_activations():
@@ -194,7 +229,7 @@ def test_int8_kernel_scales_dtype_must_match_activations():
         quant.int8_weight_only_mm(xb, q, torch.ones(16))
     with pytest.raises(TypeError, match="int8 q"):
         quant.int8_weight_only_mm(xb, q.float(), torch.ones(16))
-    with pytest.raises(ValueError, match="not a multiple of 8"):
+    with pytest.raises(ValueError, match=f"not a multiple of {quant.bf16_k_multiple()}"):
         quant.int8_weight_only_mm(torch.randn(2, 36, dtype=torch.bfloat16), q[:, :36], torch.ones(16).bfloat16())
     out = quant.int8_weight_only_mm(xb, q, torch.ones(16, dtype=torch.bfloat16))
     assert torch.allclose(out.float(), xb.float() @ q.float().t(), rtol=1e-2, atol=0.5)
@@ -214,7 +249,7 @@ def test_choose_fastest_path_picks_a_correct_path():
     assert all(isinstance(e, float) and e < 2e-2 for e in report["errors"].values())
     odd = quant.Int8WeightOnlyLinear.from_linear(nn.Linear(33, 8))
     report = quant.choose_fastest_path(odd, torch.randn(1, 33), repeats=1)
-    assert "not a multiple of 8" in report["errors"]["int8pack_bf16"] and report["path"] != "int8pack_bf16"
+    assert f"not a multiple of {quant.bf16_k_multiple()}" in report["errors"]["int8pack_bf16"] and report["path"] != "int8pack_bf16"
 
 
 def test_swap_linears_replaces_nested_layers():
@@ -356,7 +391,8 @@ def test_model_bytes_counts_what_each_format_stores():
     lin = nn.Linear(64, 32)
     assert quant.model_bytes(nn.Sequential(lin)) == (64 * 32 + 32) * 4
     int8 = quant.Int8WeightOnlyLinear.from_linear(lin)
-    assert quant.model_bytes(int8) == 64 * 32 + 32 * 4 + 32 * 2 + 32 * 4     # codes, fp32 and bf16 scales, bias
+    assert quant.model_bytes(int8) == 64 * 32 + 32 * 4 + 32 * 4     # codes, one fp32 scale per row, bias (N14)
+    assert [name for name, _ in int8.named_buffers()] == ["q", "scales", "bias"]
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -390,3 +426,34 @@ def test_torchao_int4_weight_only_packs_two_codes_per_byte():
     exact = x.float() @ reference.t()
     err = (model(x).float() - exact).norm() / exact.norm()
     assert err < 0.15, f"int4 output off by {err:.3f}"
+
+
+# --- packed int4 weight-only (torch's CPU kernel) --------------------------------------------
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_int4_packed_layer_matches_its_dequantized_weight_and_stores_half_a_byte(group_size):
+    lin = nn.Linear(128, 48)
+    layer = quant.Int4WeightOnlyLinear.from_linear(lin, group_size=group_size)
+    assert layer.packed.dtype == torch.uint8 and layer.packed.shape == (48, 64)          # two codes per byte
+    assert layer.scale_and_zero.shape == (128 // group_size, 48, 2)
+    assert quant.model_bytes(layer) == 48 * 64 + (128 // group_size) * 48 * 2 * 2 + 48 * 4   # codes, bf16 scale+zero, bias
+    w_hat = quant.dequantize_int4_packed(layer.packed, layer.scale_and_zero)
+    step = (lin.weight.detach().reshape(48, -1, group_size).amax(-1) - lin.weight.detach().reshape(48, -1, group_size).amin(-1)) / 15
+    assert ((w_hat - lin.weight.detach()).abs().reshape(48, -1, group_size) <= step[..., None] * 0.51 + 1e-2).all()
+    codes = quant.int4_codes(layer.packed)
+    assert codes.min() >= 0 and codes.max() <= 15
+    x = torch.randn(2, 5, 128)
+    with torch.no_grad():
+        out = layer(x)
+    ref = F.linear(x, w_hat, lin.bias)
+    assert out.shape == (2, 5, 48) and out.dtype == torch.float32
+    assert ((out - ref).norm() / ref.norm()).item() < 2e-2                       # bf16 activations
+
+
+def test_int4_packed_refuses_what_the_kernel_refuses():
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        quant.quantize_int4_packed(torch.randn(16, 64), group_size=16)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        quant.quantize_int4_packed(torch.randn(10, 64), group_size=32)
+    with pytest.raises(ValueError, match="divide in_features"):
+        quant.quantize_int4_packed(torch.randn(16, 48), group_size=32)

@@ -4,7 +4,7 @@
 # | | |
 # |---|---|
 # | **What you will learn** | to quantize weights per channel to int8 (or fewer bits) by hand, to feed the int8 weight-only kernel the activation dtype of its fast path, and to ship a model at under a third of the fp32 bytes whose predictions agree with the fp32 model's on at least 97% of inputs; its batch-1 speed against fp32 is measured and printed, not a target |
-# | **Prerequisites** | lesson 05 (sections 1-3) |
+# | **Prerequisites** | lesson 05 (sections 1, 2 and 4) |
 # | **Hardware** | any CPU; the same code runs where `torch._weight_int8pack_mm` has a kernel (CUDA, MPS, XPU) |
 # | **Time** | 30 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
