@@ -6,7 +6,7 @@
 # | **What you will learn** | how an MoE layer turns routing into ragged groups (top-k router → token permutation → int32 END offsets → grouped GEMM → unpermute and combine); three ways to run the expert GEMMs (a loop of GEMMs, padded `bmm`, `torch.nn.functional.grouped_mm`) checked against one reference; which path `grouped_mm` takes on your machine; how fast each is against a dense GEMM with the same FLOPs, as the number of experts and the skew change; the roofline that says when an expert GEMM is memory-bound; the three pitfalls that cost the most |
 # | **Prerequisites** | lesson 00; matrix multiplication; what a mixture-of-experts layer is (a router sends each token to k of E expert MLPs) |
 # | **Hardware** | any CPU: everything here runs on one. The GPU paths (CUTLASS on NVIDIA, the fallback and CK on ROCm), a Triton kernel and its device-side schedule are in the deep dive |
-# | **Time** | 42 minutes |
+# | **Time** | 43 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the CPU fallback was read in `aten/src/ATen/native/GroupedMMUtils.h` and is shown by the profiler on the torch you run |
 #
 # The story: routing makes ragged groups → the offsets that describe them → three implementations, one
@@ -47,12 +47,13 @@ print(f"sizes: {TOKENS} tokens, d_model {D_MODEL}, d_ff {D_FF}, {EXPERTS} expert
 #
 # An MoE feed-forward layer has E expert MLPs. A router scores every token against every expert and
 # keeps the top k; each token goes through its k experts and the outputs are summed with the router's
-# weights (the *gates*). Each expert sees a different number of tokens, so the expert GEMMs are
-# **ragged**: `[n_e, K] @ [K, N]` for e = 0..E-1, with `sum(n_e) = tokens × k`.
+# weights (the *gates*). Each expert sees a different number of tokens, so the expert GEMMs (GEMM:
+# general matrix multiply, `C = A @ B`) are **ragged**: `[n_e, K] @ [K, N]` for e = 0..E-1, with
+# `sum(n_e) = tokens × k`.
 #
 # The standard way to run them: sort the (token, choice) pairs by expert (**permute**), so each
 # expert's rows are contiguous, and describe the groups by **offsets**: `offs[e]` is the row where
-# expert e's rows *end*, as `int32`. One grouped GEMM then computes every expert at once, and
+# expert e's rows *end*, as `int32` (counts `[3, 0, 2]` give `offs = [3, 3, 5]`). One grouped GEMM then computes every expert at once, and
 # **unpermute** puts the rows back in token order and combines them with the gates. `helpers.moe` has
 # each step as a small function: `route`, `permute`, `offsets_from_counts`, `unpermute`.
 
@@ -121,7 +122,8 @@ for name, out in (("padded_bmm", moe.padded_bmm(xs_c, w_c, offs_c)), ("F.grouped
 #
 # The sweep below runs each implementation on splits of `TOKENS × k` rows over E experts, with a skew:
 # expert i gets a share proportional to `(i+1)^-skew` (`moe.skewed_counts`; skew 0 is uniform, skew 2
-# leaves some experts nearly empty). The reference is the **dense GEMM with the same FLOPs**
+# leaves some experts nearly empty): a stand-in for the skewed router above, with the skew as a dial.
+# "% of dense" counts useful FLOPs only: padded `bmm` gets no credit for the zeros it multiplies. The reference is the **dense GEMM with the same FLOPs**
 # (`[M, K] @ [K, N]`): one big problem, one weight. It is not a hardware bound (the roofline below is);
 # it is what the grouped GEMM would cost if the raggedness were free.
 #
@@ -208,8 +210,8 @@ reveal(path_guess, path["path"],
 #   dense layer with the same parameters. The grouped GEMM's job is to lose as little as possible to
 #   the raggedness, and the roofline says how little that can be.
 #
-# Every table here shows the spread of its repeats; on a shared machine timings vary from run to run,
-# the ratios less.
+# The sweep prints medians of its repeats; on a shared machine timings vary from run to run, the ratios
+# less: if a ratio looks odd, run the sweep again.
 
 # %% [markdown]
 # ## A roofline: when is an expert GEMM memory-bound?
@@ -218,7 +220,8 @@ reveal(path_guess, path["path"],
 # F / B is its **arithmetic intensity**; below the machine's ridge point (peak / bandwidth) it is
 # memory-bound. Per expert, `[n_e, K] @ [K, N]` does `2·n_e·K·N` FLOPs and moves at least its rows, its
 # whole `K × N` weight and its output. With `K, N ≫ n_e` the weight dominates the bytes, so the
-# intensity is about `n_e` FLOPs per weight element: it grows with the rows. The grouped GEMM reads
+# intensity is about `2·n_e` FLOPs per weight element (`n_e / 2` FLOP per byte in fp32, `n_e` in bf16):
+# it grows with the rows. The grouped GEMM reads
 # **E weights** where the dense GEMM with the same FLOPs reads one.
 #
 # The next cell measures this CPU's limits (`helpers.bench`: an fp32 GEMM's FLOP rate and the read
@@ -315,6 +318,9 @@ from helpers.checks import fail, your_turn
 
 
 def check_batch():
+    if BATCH_TOKENS < 1 or BATCH_TOKENS & (BATCH_TOKENS - 1):
+        fail(f"{BATCH_TOKENS} tokens", "not a power of two", "serving batches here come in powers of two: "
+             "1, 2, 4, ... (BATCH_TOKENS & (BATCH_TOKENS - 1) == 0)")
     rows = BATCH_TOKENS * 2 // 64
     if gpu_intensity(rows) < gpu_ridge:
         fail(f"{BATCH_TOKENS} tokens", f"{rows} rows per expert give {gpu_intensity(rows):.0f} FLOP/byte, under "

@@ -228,7 +228,8 @@ reveal(fake_guess, outcome,
 # An op defined in C++ exists only once its library is loaded. The tutorial's order for such a **hybrid**
 # op: load the library first, then register the Python half (`register_fake`, `register_autograd`), before
 # anything calls the op. The cell tries the wrong order first, then loads (building once), registers
-# `labs_ext::rms_norm`'s fake kernel and formula, and runs `opcheck`. Note its CPU line: `TORCH_BOX` makes
+# the same Python fake kernel and autograd formula as `labs_ext::rms_norm` on `labs_stable::rms_norm`, and
+# runs `opcheck`. Note its CPU line: `TORCH_BOX` makes
 # a boxed-only kernel.
 
 # %%
@@ -311,6 +312,9 @@ attempts = []
 
 def check_mutates():
     attempts.append(MUTATES)        # a fresh op name per try: an op name can be defined once per process
+    if isinstance(MUTATES, str):
+        fail("MUTATES", f"a string, {MUTATES!r}, not a tuple of names",
+             "parentheses alone do not make a tuple: a one-element tuple needs a trailing comma")
     try:
         op = torch.library.custom_op(f"labs_turn::rms_norm_into_{len(attempts)}", rms_norm_into,
                                      mutates_args=tuple(MUTATES))
