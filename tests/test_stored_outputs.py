@@ -39,6 +39,14 @@ def test_a_changed_verdict_fails_with_both_texts_and_without_sanitizers_a_timing
     assert problem is not None
 
 
+def test_a_print_that_arrived_in_two_chunks_matches_as_in_nbval():
+    stored = stored_notebook()
+    run = executed(stored, "all 3 checks passed")
+    run.cells[2].outputs.append(new_output("stream", name="stdout", text=" in 9.1 ms\n"))
+    assert compare_notebook(stored, run, sanitize_patterns()) == [(1, None)]
+    assert stored.cells[1].outputs[0].text == "all 3 checks passed in 12.5 ms\n"     # nothing mutated
+
+
 def test_a_run_that_stopped_early_or_never_ran_fails_the_checked_cells():
     stored = stored_notebook()
     stopped = executed(stored, "x\n")

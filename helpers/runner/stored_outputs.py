@@ -9,6 +9,7 @@ case per checked cell, so `make matrix` runs each notebook once per environment 
 """
 from __future__ import annotations
 
+import copy
 import json
 from collections import OrderedDict
 from pathlib import Path
@@ -62,8 +63,10 @@ def compare_notebook(stored: nbformat.NotebookNode, executed: nbformat.NotebookN
         if twin is None:
             results.append((index, "not executed: the run stopped before this cell, or its id changed"))
             continue
+        from nbval.plugin import coalesce_streams   # as nbval does: a print may arrive in several chunks
         comparer = _comparer(patterns)
-        same = comparer.compare_outputs(twin.get("outputs", []), cell.get("outputs", []))
+        same = comparer.compare_outputs(coalesce_streams(copy.deepcopy(twin.get("outputs", []))),
+                                        coalesce_streams(copy.deepcopy(cell.get("outputs", []))))
         results.append((index, None if same else "\n".join(map(str, comparer.comparison_traceback))))
     return results
 
