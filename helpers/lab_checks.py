@@ -187,25 +187,108 @@ def dtype_of(fn, *args, **kwargs) -> str:
     return str(fn(*args, **kwargs).dtype)
 
 
+def third_as_int64(fn, *args, **kwargs) -> torch.Tensor:
+    """The third element of what fn returns, as int64 (its values judged apart from its dtype)."""
+    return torch.as_tensor(fn(*args, **kwargs)[2]).long()
+
+
+def dtype_of_third(fn, *args, **kwargs) -> str:
+    return str(fn(*args, **kwargs)[2].dtype)
+
+
+HOST_READ_METHODS = ("tolist", "numpy", "item", "__int__", "__bool__", "__index__", "__float__")
+
+
+def host_reads_of(fn, *args, **kwargs) -> list[str]:
+    """What fn reads back from its tensors to Python or the host, sorted and without repeats: the ops
+    helpers.moe.host_reads sees (aten::item, bincount sizing its output from the largest value, nonzero,
+    ...) and the Tensor methods that copy values to Python without the dispatcher (tolist, numpy, item,
+    int(), bool(), a tensor as an index or a range bound). Each is a sync on a GPU."""
+    from helpers.moe import host_reads
+    names: set[str] = set()
+    reads: list[str] = []
+    with _TorchNames(names):
+        reads = host_reads(lambda: fn(*args, **kwargs))
+    return sorted(set(reads) | (names & set(HOST_READ_METHODS)))
+
+
+def uninitialized_is_nan(fn, *args, **kwargs):
+    """fn with every uninitialised allocation (torch.empty, new_empty, empty_like) filled with NaN, so that
+    rows a function never writes show as NaN every time, not as whatever the memory held."""
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.utils.deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.utils.deterministic.fill_uninitialized_memory = previous[2]
+
+
+# lab 00: warm-up
+
+def softmax_on_meta(fn, x, **kwargs) -> tuple:
+    """fn on a meta tensor like x (shape and dtype, no values, no device memory): where, with what shape
+    and dtype, its result lives. Code that makes a tensor on a fixed device, or reads a value back to
+    Python (bool(), .item(), a Python `if` on a tensor), fails here as it would cost or fail on an
+    accelerator."""
+    out = fn(torch.empty(x.shape, dtype=x.dtype, device="meta"), **kwargs)
+    return (out.device.type, list(out.shape), str(out.dtype)) if isinstance(out, torch.Tensor) else \
+        (type(out).__name__,)
+
+
 # lab 01: data loading
 
-def serial_items(fn, images, seed):
-    """fn(image, rng) over the images in order, item i with data.item_generator(seed, i)."""
+LAB01_BLUR = (torch.outer(torch.tensor([1.0, 2.0, 1.0]), torch.tensor([1.0, 2.0, 1.0])) / 16).expand(3, 1, 3, 3)
+LAB01_WAIT_S = 3.0       # how long a call waits for other calls that a right answer starts at once; a right
+                         # answer never waits it out, a wrong one (too few threads) waits it once
+
+
+def _slow_augment(image):
+    """Lab 01's given slow_augment (global RNG, a scratch buffer), run here, in the learner's process and
+    with the learner's torch: the reference an augment must equal bit for bit."""
+    import torch.nn.functional as F
+    scratch = torch.empty(image.shape)
+    flip = bool(torch.rand(()) < 0.5)
+    gain = 0.8 + 0.4 * float(torch.rand(()))
+    torch.mul(image, gain / 255.0, out=scratch)
+    x = scratch.flip(-1) if flip else scratch
+    return F.conv2d(F.pad(x.unsqueeze(0), (1, 1, 1, 1), mode="replicate"), LAB01_BLUR, groups=3)[0].clone()
+
+
+def _bit_equal(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def global_rng_use(fn, images, seed) -> str:
+    """Whether fn(image, rng) over the images moved torch's global random generator."""
     from helpers.data import item_generator
-    return [fn(image, item_generator(seed, i)) for i, image in enumerate(images)]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(20261202)
+        before = torch.get_rng_state()
+        for i, image in enumerate(images):
+            fn(image, item_generator(seed, i))
+        moved = not torch.equal(before, torch.get_rng_state())
+    return "draws from the global RNG" if moved else "draws only from rng"
 
 
-def threaded_runs(fn, images, seed, workers, runs):
-    """`runs` runs of fn(image, rng) on `workers` threads (items seeded by index): a list per run."""
-    from concurrent.futures import ThreadPoolExecutor
+def not_bit_equal(fn, images, seed) -> str:
+    """The items i where fn(image, data.item_generator(seed, i)) is not bit-for-bit slow_augment(image)
+    with the global RNG seeded for item i (torch.manual_seed(data.item_seed(seed, i)), as slow_pipeline
+    does)."""
+    from helpers.data import item_generator, item_seed
+    differ = []
+    with torch.random.fork_rng(devices=[]):
+        for i, image in enumerate(images):
+            torch.manual_seed(item_seed(seed, i))
+            want = _slow_augment(image)
+            if not _bit_equal(fn(image, item_generator(seed, i)), want):
+                differ.append(i)
+    return f"items {differ} differ from slow_augment's" if differ else "every item bit-for-bit equal"
 
-    from helpers.data import item_generator
-    with ThreadPoolExecutor(workers) as pool:
-        return [list(pool.map(lambda i: fn(images[i], item_generator(seed, i)), range(len(images))))
-                for _ in range(runs)]
 
-
-def globals_written(fn, images, seed) -> list[str]:
+def globals_written(fn, images, seed) -> str:
     """The module-level tensors of fn's notebook (or module) that a serial run of fn changed, compared
     after every call: an earlier case's run may have left a buffer as this run's last call leaves it."""
     from helpers.data import item_generator
@@ -220,34 +303,139 @@ def globals_written(fn, images, seed) -> list[str]:
         fn(image, item_generator(seed, i))
         written |= {k for k, v in tensors.items() if k not in written and
                     (v.shape != before[k].shape or not same(v, before[k]))}
-    return sorted(written)
+    return f"writes into {', '.join(sorted(written))}" if written else "writes into no module-level tensor"
 
 
-def bounded_and_threaded(fn, images, workers, seed) -> bool:
-    """fast_pipeline runs the notebook's `augment` on more than one thread, never more than `workers`
-    calls at once."""
-    import time
-    namespace = fn.__globals__
-    inner = namespace["augment"]
-    lock, state = threading.Lock(), {"now": 0, "most": 0, "threads": set()}
+class _AfterOperation(torch.overrides.TorchFunctionMode):
+    """Calls `between()` once, right after the k-th torch operation (0-based) of the code run under it."""
+    def __init__(self, k: int, between: Callable[[], None]):
+        super().__init__()
+        self.k, self.between, self.seen, self.fired = k, between, 0, False
 
-    def counted(image, rng):
-        with lock:
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.seen == self.k:
+            self.fired = True
+            self.between()
+        self.seen += 1
+        return out
+
+
+def changed_by_a_call_between(fn, images, seed) -> str:
+    """The race of two threads, made to happen every time. Each item is computed alone; then again once
+    for every torch operation k of its call, with a whole call on the next item run on another thread
+    right after operation k (the first call waits for it, up to a second): what a second thread does to a
+    first one that the scheduler pauses there. Returns the items whose result changed at any k. A call
+    that shares nothing (a buffer, a generator) with other calls cannot change."""
+    from helpers.data import item_generator
+    alone = [fn(image, item_generator(seed, i)) for i, image in enumerate(images)]
+    changed = []
+    for i, image in enumerate(images):
+        j = (i + 1) % len(images)
+        for k in range(500):
+            others: list[threading.Thread] = []
+
+            def between():
+                other = threading.Thread(target=fn, args=(images[j], item_generator(seed, j)), daemon=True)
+                other.start()
+                other.join(1.0)           # a lock held by this call may keep the other waiting: go on
+                others.append(other)
+            pause = _AfterOperation(k, between)
+            with pause:
+                out = fn(image, item_generator(seed, i))
+            for other in others:
+                other.join()
+            if not pause.fired:
+                break
+            if not _bit_equal(out, alone[i]):
+                changed.append(i)
+                break
+    return f"items {changed} changed when another call ran in between" if changed else "no item changed"
+
+
+def _lab01_transform(x, rng):
+    """The transform lab 01's loader checks hand to ordered_map: the item plus noise from its generator."""
+    return x + torch.rand(x.shape, generator=rng)
+
+
+def _lab01_items(n: int, counter: list | None = None):
+    """A one-shot stream of n small tensors (item i is filled with i); counts what is pulled."""
+    for i in range(n):
+        if counter is not None:
+            counter[0] += 1
+        yield torch.full((2,), float(i))
+
+
+def loader_results(fn, items, workers, prefetch, seed, stream=False):
+    """list(fn(transform, items, workers, prefetch=prefetch, seed=seed)), where item 0's call finishes only
+    after item 1's (it waits up to LAB01_WAIT_S when 2 or more calls can run at once): a later item
+    finishes first, as on a busy machine. stream: items come from a one-shot generator."""
+    second_done = threading.Event()
+    first, second = (items[0], items[1]) if len(items) > 1 else (None, None)
+    overlap = workers > 1 and (prefetch is None or prefetch > 1)
+
+    def transform(x, rng):
+        if x is first and overlap:
+            second_done.wait(LAB01_WAIT_S)
+        out = _lab01_transform(x, rng)
+        if x is second:
+            second_done.set()
+        return out
+    source = (x for x in items) if stream else items
+    return list(fn(transform, source, workers, prefetch=prefetch, seed=seed))
+
+
+def calls_at_once(fn, n, workers, prefetch, seed) -> str:
+    """The most calls of the transform that fn ran at the same time, loading n items. The first calls wait
+    (up to LAB01_WAIT_S) until min(workers, n) run together; with prefetch above workers they then wait a
+    second more for any call beyond `workers`, which a pool of more threads than `workers` starts."""
+    cond = threading.Condition()
+    state = {"now": 0, "most": 0, "arrived": 0, "gave_up": False}
+    wave = min(workers, n)
+
+    def transform(x, rng):
+        with cond:
             state["now"] += 1
+            state["arrived"] += 1
             state["most"] = max(state["most"], state["now"])
-            state["threads"].add(threading.get_ident())
+            first_wave = state["arrived"] <= wave
+            cond.notify_all()
+            if first_wave and not state["gave_up"]:
+                if not cond.wait_for(lambda: state["most"] >= wave, timeout=LAB01_WAIT_S):
+                    state["gave_up"] = True          # fewer at once than `workers`: the later calls go on
+                elif prefetch > workers:
+                    cond.wait_for(lambda: state["most"] > workers, timeout=1.0)
         try:
-            time.sleep(0.002)      # long enough for an unbounded pool to overlap more calls
-            return inner(image, rng)
+            return _lab01_transform(x, rng)
         finally:
-            with lock:
+            with cond:
                 state["now"] -= 1
-    namespace["augment"] = counted
-    try:
-        fn(images, workers, seed=seed)
-    finally:
-        namespace["augment"] = inner
-    return state["most"] <= workers and len(state["threads"]) > 1
+    for _ in fn(transform, _lab01_items(n), workers, prefetch=prefetch, seed=seed):
+        pass
+    return f"{state['most']} call{'' if state['most'] == 1 else 's'} at once"
+
+
+def _most_read_ahead(fn, n, workers, seed, **prefetch) -> int:
+    """The most items fn had taken from a stream of n and not yet yielded, over the run."""
+    pulled, most = [0], 0
+    for j, _ in enumerate(fn(_lab01_transform, _lab01_items(n, pulled), workers, seed=seed, **prefetch)):
+        most = max(most, pulled[0] - j)      # result j arrives: items 0..j-1 were yielded before it
+    return most
+
+
+def read_ahead(fn, n, workers, prefetch, seed) -> str:
+    most = _most_read_ahead(fn, n, workers, seed, prefetch=prefetch)
+    return f"at most {prefetch} items read ahead" if most <= prefetch else f"{most} items read ahead"
+
+
+def default_read_ahead(fn, n, workers, seed) -> str:
+    """What ordered_map reads ahead when the caller gives no prefetch, judged against `workers`."""
+    most = _most_read_ahead(fn, n, workers, seed)
+    if most < min(workers, n):
+        return f"{most} item(s) read ahead for {workers} workers: some workers wait idle"
+    if most > workers:
+        return f"{most} items read ahead for {workers} workers: more held in memory than the workers can use"
+    return "just enough to keep every worker busy"
 
 
 # lab 02: fusion
@@ -263,6 +451,18 @@ def kernel_counts() -> dict[str, int]:
     from helpers import fusion
     return {name: len(fusion.inspect_compiled(fn, *args).kernel_functions)
             for name, (fn, args) in kernel_count_cases().items()}
+
+
+def sealed_counts(fn) -> dict[str, str] | str:
+    """Exercise 4: fn()'s prediction with each count sealed (a short hash of name and count), so a failing
+    case names the functions predicted wrong without printing the counts measured. The reference's counts
+    are sealed the same way, where they are measured: in the grader, or in the notebook's check."""
+    import hashlib
+    predicted = fn()
+    if not isinstance(predicted, dict):
+        return f"a {type(predicted).__name__}, not a dict of name -> count"
+    return {str(name): "#" + hashlib.sha256(f"{name}={count!r}".encode()).hexdigest()[:8]
+            for name, count in predicted.items()}
 
 
 def kernel_count_cases() -> dict:
@@ -286,6 +486,69 @@ def _center(x):
 
 def _matmul_between(x, w):
     return torch.relu((x * 2) @ w) + 1
+
+
+def _unrecorded(run: Callable[[], object]) -> object:
+    """run() with record_calls' profiler off: what a harness computes for itself (the truth it compares
+    with) is not the learner's call of a forbidden function."""
+    previous = sys.getprofile()
+    sys.setprofile(None)
+    try:
+        return run()
+    finally:
+        sys.setprofile(previous)
+
+
+def combo_plan_errors(fn, numels, block) -> str:
+    """Exercise 3: which of (scheme, programs, idle programs) fn(numels, block) gets wrong, against
+    Inductor's ComboKernel.select_dispatch_strategy and the grid each scheme launches; the failure names
+    the wrong fields, never the right values."""
+    from helpers import fusion
+
+    def truth():      # Inductor's rule as helpers.fusion re-implements it (importing Inductor here takes seconds);
+        scheme = fusion.combo_dispatch_strategy(numels)      # the tests hold it to the installed Inductor's
+        total, _ = fusion.combo_grid(numels, block)
+        if scheme == "round_robin":
+            return scheme, *fusion.round_robin_grid(numels, block)
+        return scheme, total, 0
+    got = fn(list(numels), block)
+    want = _unrecorded(truth)
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return f"a {type(got).__name__}, not a (scheme, programs, idle) tuple"
+    wrong = [field for field, g, w in zip(("scheme", "programs", "idle"), got, want) if g != w]
+    return f"wrong: {', '.join(wrong)}" if wrong else "all three right"
+
+
+class _CountedKernel:
+    """A kernel whose launches, kernel[grid](...), are recorded (grid by grid); anything else is the
+    kernel's own."""
+
+    def __init__(self, kernel, grids: list):
+        self._kernel, self._grids = kernel, grids
+
+    def __getitem__(self, grid):
+        self._grids.append(grid)
+        return self._kernel[grid]
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+
+def kernel_launches(fn, xs) -> int:
+    """How many times fn(xs), lab 02's launch_three_part, launched the notebook's three_part_kernel
+    (0 when it has none: the parts were computed some other way)."""
+    namespace = getattr(fn, "__globals__", {})
+    kernel = namespace.get("three_part_kernel")
+    if kernel is None:
+        triton_launch(fn, xs)
+        return 0
+    grids: list = []
+    namespace["three_part_kernel"] = _CountedKernel(kernel, grids)
+    try:
+        triton_launch(fn, xs)
+    finally:
+        namespace["three_part_kernel"] = kernel
+    return len(grids)
 
 
 def triton_launch(fn, xs):
@@ -337,6 +600,59 @@ def silu_mul_kernel(fn, gate, up):
         return torch.ops.labs_ext.silu_mul(gate, up)
     finally:
         torch.set_num_threads(threads)
+
+
+CHUNK_PROBE = r"""// Lab 04's check of one chunk: the learner's body alone, called on [begin, end) of an out full of NaN.
+#include <ATen/core/Tensor.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/full.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+namespace labs_lab {
+template <typename scalar_t>
+void silu_mul_chunk(const scalar_t* gate, const scalar_t* up, scalar_t* out, int64_t begin, int64_t end) {
+  using acc_t = at::opmath_type<scalar_t>;
+BODY
+}
+
+at::Tensor chunk_probe(const at::Tensor& gate, const at::Tensor& up, int64_t begin, int64_t end) {
+  // room past the inputs: a body that runs past its end writes there
+  at::Tensor out = at::full({gate.numel() + 4096}, std::numeric_limits<float>::quiet_NaN(), gate.options());
+  silu_mul_chunk<float>(gate.const_data_ptr<float>(), up.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
+                        begin, end);
+  return out;
+}
+}  // namespace labs_lab
+
+TORCH_LIBRARY(NAMESPACE, m) {
+  m.def("chunk(Tensor gate, Tensor up, int begin, int end) -> Tensor", &labs_lab::chunk_probe);
+}
+"""
+
+
+def chunk_writes(fn, n, begin, end) -> list[int]:
+    """Build the body fn() returns into a bare chunk function (no threads; its own op namespace, one per
+    body), call it once on the chunk [begin, end) of n float32 elements with `out` filled with NaN, and
+    return [first written index, last written index + 1, number written]: a body that loops from 0, not
+    from begin, writes elements of other chunks, which a whole-tensor run cannot show (same values)."""
+    if _is_silu_mul_reference(fn, "silu_mul_body"):
+        return [begin, end, end - begin]
+    import hashlib
+
+    from helpers.ext import build_and_load
+    body = fn().rstrip("\n")
+    namespace = "labs_probe_" + hashlib.sha256(body.encode()).hexdigest()[:16]
+    if not hasattr(torch.ops, namespace) or not hasattr(getattr(torch.ops, namespace), "chunk"):
+        build_and_load("labs_chunk_probe", CHUNK_PROBE.replace("BODY", body).replace("NAMESPACE", namespace),
+                       extra_cflags=("-O1",))
+    gen = torch.Generator().manual_seed(n)
+    gate, up = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    out = getattr(torch.ops, namespace).chunk(gate, up, begin, end)
+    written = (~out.isnan()).nonzero().flatten().tolist()
+    return [written[0], written[-1] + 1, len(written)] if written else [0, 0, 0]
 
 
 def on_meta(fn, gate, up):
@@ -435,6 +751,19 @@ def activation_dtype_of_int8_kernel(fn, *args) -> str:
     return seen[0] if seen else "not called"
 
 
+def int8_kernel_path(fn, *args) -> str:
+    """"fast path" when fn hands torch._weight_int8pack_mm activations its CPU kernel vectorizes here: on x86
+    (AVX2, AVX512: int8mm_kernel.cpp's bf16 branch) only bfloat16; elsewhere (aarch64's NEON overloads take
+    float, half and bfloat16 alike; DEFAULT builds have no vector branch) fp32 and bf16 both. Else what it got."""
+    from helpers.device import cpu_capability
+    dtype = activation_dtype_of_int8_kernel(fn, *args)
+    if dtype == "not called":
+        return dtype
+    x86 = cpu_capability().upper().startswith("AVX")
+    fast = {"torch.bfloat16"} if x86 else {"torch.bfloat16", "torch.float32", "torch.float16"}
+    return "fast path" if dtype in fast else f"{dtype} activations (a scalar loop on this {cpu_capability()} CPU)"
+
+
 def _quantized(fn, width, seed, nested=False):
     model = quant_lab_model(width, seed)
     if nested:      # the Linears one level down: only a recursive walk reaches them
@@ -509,6 +838,14 @@ def buckets_are_sorted_runs(fn, seqs, n_buckets) -> bool:
     return ordered and len(buckets) == min(n_buckets, len(seqs)) and sum(map(len, buckets)) == len(seqs)
 
 
+def dense_mask(fn, lengths, prefix) -> torch.Tensor:
+    """The (total, total) boolean mask of the mask_mod fn(lengths, prefix) returns, built as
+    create_block_mask builds it: create_mask, one vmapped call over every (q_idx, kv_idx) pair."""
+    from torch.nn.attention.flex_attention import create_mask
+    total = sum(lengths)
+    return create_mask(fn(list(lengths), prefix), None, None, total, total, device="cpu")[0, 0]
+
+
 # lab 07: memory
 
 def memory_lab_model(width, depth, frozen, dtype) -> nn.Module:
@@ -542,6 +879,110 @@ def accumulated_grads(fn, width, depth, batch, micro, seed, stale_grads=False):
     return [p.grad for p in model.parameters()]
 
 
+def only_last_chunk_counts(fn, width, depth, batch, micro, seed) -> bool:
+    """Whether the gradients fn leaves are those of the last chunk alone (weighted by its share): what
+    clearing the gradients inside the loop leaves."""
+    def last_only(model, x, y, micro):
+        model.zero_grad(set_to_none=True)
+        xs, ys = x.chunk(micro)[-1], y.chunk(micro)[-1]
+        (nn.functional.mse_loss(model(xs), ys) * (xs.shape[0] / x.shape[0])).backward()
+    got, last = accumulated_grads(fn, width, depth, batch, micro, seed), \
+        accumulated_grads(last_only, width, depth, batch, micro, seed)
+    return all(g is not None and torch.allclose(g, w, atol=1e-6) for g, w in zip(got, last))
+
+
+def accumulations_per_parameter(fn, width, depth, batch, micro, seed) -> int:
+    """How many times a backward pass reached the first parameter while fn ran: one per chunk when
+    backward() is called inside the loop, 1 when the chunks' losses are summed first."""
+    from helpers.memory import mlp
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = mlp(width, depth)
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(batch, width, generator=gen), torch.randn(batch, 1, generator=gen)
+    calls = []
+    handle = next(model.parameters()).register_post_accumulate_grad_hook(lambda p: calls.append(1))
+    try:
+        fn(model, x, y, micro)
+    finally:
+        handle.remove()
+    return len(calls)
+
+
+def _gated_blocks(width, depth, policy, seed=0):
+    """forward(x) through `depth` memory.GatedMLP blocks, each checkpointed with
+    create_selective_checkpoint_contexts(policy); policy None: no checkpointing."""
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from helpers.memory import GatedMLP
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        blocks = nn.ModuleList(GatedMLP(width) for _ in range(depth))
+
+    def forward(x):
+        for block in blocks:
+            if policy is None:
+                x = block(x)
+            else:
+                x = checkpoint(block, x, use_reentrant=False,
+                               context_fn=lambda: create_selective_checkpoint_contexts(policy))
+        return x
+    return forward
+
+
+class _OutputStorages(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every storage an op writes its output to, by weak reference: what is still alive afterwards is
+    what the forward pass kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.multiprocessing.reductions import StorageWeakRef
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                self.storages[s.data_ptr()] = (StorageWeakRef(s), s.nbytes())
+        return out
+
+
+def kept_bytes_and_backward_flops(policy, width, depth, batch) -> tuple[int, int]:
+    """One forward and backward through `depth` GatedMLP blocks checkpointed with `policy` (None: no
+    checkpointing): the bytes the forward pass keeps alive for backward (outputs of ops still alive when
+    the loss is computed: saved activations, the policy's kept outputs, the blocks' inputs) and the
+    matmul FLOPs of backward (torch.utils.flop_counter), recomputed forwards included."""
+    from torch.utils.flop_counter import FlopCounterMode
+    forward = _gated_blocks(width, depth, policy)
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(1))
+    with _OutputStorages() as outputs:
+        loss = forward(x).square().mean()
+    kept = sum(nbytes for ref, nbytes in outputs.storages.values() if not ref.expired())
+    with FlopCounterMode(display=False) as flops:
+        loss.backward()
+    return kept, flops.get_total_flops()
+
+
+def _keep_every_matmul(ctx, op, *args, **kwargs):
+    """memory.save_matmuls, written again (a learner's call to the helper is what the exercise forbids)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    matmuls = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+    return CheckpointPolicy.MUST_SAVE if op in matmuls else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def matmul_flops_recomputed(fn, width, depth, batch) -> int:
+    """Backward's matmul FLOPs with policy fn, minus those without checkpointing: 0 when backward
+    recomputes no matmul."""
+    return kept_bytes_and_backward_flops(fn, width, depth, batch)[1] - \
+        kept_bytes_and_backward_flops(None, width, depth, batch)[1]
+
+
+def keeps_fewer_bytes_than_save_matmuls(fn, width, depth, batch) -> bool:
+    return kept_bytes_and_backward_flops(fn, width, depth, batch)[0] < \
+        kept_bytes_and_backward_flops(_keep_every_matmul, width, depth, batch)[0]
+
+
 # lab 08: debugging
 
 def grad_of_sum(fn, v, **kwargs):
@@ -559,23 +1000,89 @@ def recompiles(fn, sizes) -> int:
     return len(count_recompiles(lambda: [step(fn(torch.randn(n, 16))) for n in sizes]))
 
 
+def grad_is_finite(fn, v, **kwargs) -> bool:
+    """Whether every element of the gradient of fn(v).sum() is finite (no NaN, no inf)."""
+    return bool(torch.isfinite(grad_of_sum(fn, v, **kwargs)).all())
+
+
 def debugging_lab_net(seed: int = 0) -> nn.Module:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
 
 
-def exported_outputs(fn, seed, example_batch, batches):
-    """fn(net, example, path) exports, saves and reloads the net; the reloaded module's outputs on
-    each batch size in `batches`."""
-    net = debugging_lab_net(seed)
+TOKENS, FEATURES = 6, 16
+
+
+class TokenHead(nn.Module):
+    """Lab 08's module to migrate: for each example of a (batch, tokens, features) input, standardise
+    every feature over the tokens, project, and keep each output's maximum over the tokens. Written as a
+    loop over the examples, which torch.jit.trace unrolls for the example's batch size."""
+
+    def __init__(self, features: int = FEATURES, out: int = 4):
+        super().__init__()
+        self.proj = nn.Linear(features, out)
+
+    def forward(self, x):
+        rows = []
+        for i in range(x.shape[0]):
+            xi = x[i]                                            # (tokens, features)
+            rows.append(self.proj((xi - xi.mean(0)) / (xi.std(0) + 1e-5)).amax(0))
+        return torch.stack(rows)
+
+
+def token_head(seed: int = 0) -> TokenHead:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return TokenHead()
+
+
+def _export_run(fn, seed, example_batch, batches, from_file: bool):
+    """fn(head, example, path) exports, saves and reloads a TokenHead; the outputs, on a batch of each
+    size in `batches`, of the module fn returned, or (from_file) of torch.export.load(path).module(),
+    the program fn saved."""
+    head = token_head(seed)
     gen = torch.Generator().manual_seed(seed)
-    example = torch.randn(example_batch, 16, generator=gen)
+    example = torch.randn(example_batch, TOKENS, FEATURES, generator=gen)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reloaded = fn(net, example, os.path.join(tmp, "net.pt2"))
+        path = os.path.join(tmp, "head.pt2")
+        module = fn(head, example, path)
+        if from_file:
+            module = torch.export.load(path).module()
         with torch.no_grad():
-            return [reloaded(torch.randn(n, 16, generator=gen)) for n in batches]
+            return [module(torch.randn(n, TOKENS, FEATURES, generator=gen)) for n in batches]
+
+
+def exported_outputs(fn, seed, example_batch, batches):
+    """The outputs of the module fn returns, on each batch size in `batches`."""
+    return _export_run(fn, seed, example_batch, batches, from_file=False)
+
+
+def saved_program_outputs(fn, seed, example_batch, batches):
+    """The outputs of the program fn saved at its path, loaded again with torch.export.load."""
+    return _export_run(fn, seed, example_batch, batches, from_file=True)
+
+
+def returns_a_module(fn, seed, example_batch) -> bool:
+    """Whether what fn returns is a module (callable), not the ExportedProgram torch.export.load gives."""
+    head = token_head(seed)
+    example = torch.randn(example_batch, TOKENS, FEATURES, generator=torch.Generator().manual_seed(seed))
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return isinstance(fn(head, example, os.path.join(tmp, "head.pt2")), nn.Module)
+
+
+def export_specialised_the_batch(fn, seed, example_batch) -> bool:
+    """Whether fn failed because torch.export found the batch dimension, declared dynamic, specialised
+    to the example's size by the code (a loop over it); other errors propagate."""
+    try:
+        _export_run(fn, seed, example_batch, [example_batch], from_file=False)
+    except Exception as error:      # torch._dynamo.exc.UserError: Constraints violated ... specialized it
+        if "specialized it to be a constant" in str(error) or "specialised it to be a constant" in str(error):
+            return True
+        raise
+    return False
 
 
 # lab 09: migration

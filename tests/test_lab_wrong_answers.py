@@ -221,11 +221,65 @@ def rms_norm_whole_tensor(x, weight, eps=1e-6):
     return x * torch.rsqrt(x.pow(2).mean() + eps) * weight
 
 
+def softmax_unmasked(x, dim=-1):
+    # the stable recipe and nothing more: a fully masked row gives nan
+    e = (x - x.amax(dim=dim, keepdim=True)).exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def softmax_finite_mask(x, dim=-1):
+    # replaces -inf with a large finite number, as older attention code does: a fully masked row gives 1/n
+    x = x.masked_fill(torch.isneginf(x), -1e9)
+    e = (x - x.amax(dim=dim, keepdim=True)).exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def softmax_fixed_device(x, dim=-1):
+    # right values on the CPU, but builds the stand-in maximum on a fixed device (the CPU)
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros(m.shape, dtype=x.dtype), m)
+    e = (x - m).exp()
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s == 0, torch.ones_like(s), s)
+
+
+def softmax_python_branch(x, dim=-1):
+    # right values, but asks the tensor a yes/no question in Python: a host round trip on an accelerator
+    e = (x - x.amax(dim=dim, keepdim=True)).exp()
+    out = e / e.sum(dim=dim, keepdim=True)
+    if torch.isnan(out).any():
+        out = torch.where(torch.isnan(out), torch.zeros_like(out), out)
+    return out
+
+
+def softmax_nan_to_num(x, dim=-1):
+    # a second, differently written right answer: the stable recipe, then nan -> 0 (only a fully masked row
+    # makes nan here), with the maximum and the sum taken by other calls
+    m = torch.max(x, dim=dim, keepdim=True).values
+    e = torch.exp(x - m)
+    return torch.nan_to_num(e / torch.sum(e, dim=dim, keepdim=True), nan=0.0)
+
+
+def rms_norm_fp32_stats(x, weight, eps=1e-6):
+    # a second, differently written right answer: checks by length, divides by a square root
+    if weight.dim() != 1 or weight.numel() != x.shape[-1]:
+        raise ValueError(f"weight must be 1-D of length {x.shape[-1]} (x's last dimension), got "
+                         f"{tuple(weight.shape)}")
+    return x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True) + eps) * weight
+
+
+@pytest.mark.parametrize("function, fn", [("softmax", softmax_nan_to_num), ("rms_norm", rms_norm_fp32_stats)],
+                         ids=["softmax-nan-to-num", "rms_norm-sqrt-division"])
+def test_lab00_second_solutions_pass_every_case(function, fn):
+    """Right answers written otherwise than the solution's get full marks."""
+    assert run_cases(L00, fn, function) == []
+
+
 # --- Lab 01: data loading ------------------------------------------------------------------------
 
 BLUR = gs.BLUR
 SCRATCH = torch.empty(3, 24, 24)
-augment = gs.augment          # the module-level `augment` the fast_pipeline answers call (and the harness wraps)
+_BUFFERS: dict = {}
 
 
 def _blur(x):
@@ -249,11 +303,29 @@ def augment_gain_first(image, rng):
 
 
 def augment_scratch(image, rng):
-    # keeps slow_augment's module-level buffer: threads overwrite each other's pixels
+    # "do nothing clever": slow_augment with generator=rng, its module-level buffer kept
     flip = bool(torch.rand((), generator=rng) < 0.5)
     gain = 0.8 + 0.4 * float(torch.rand((), generator=rng))
     torch.mul(image, gain / 255.0, out=SCRATCH)
     return _blur(SCRATCH.flip(-1) if flip else SCRATCH).clone()
+
+
+def augment_cached_buffer(image, rng):
+    # a buffer per shape, cached in a module-level dict: no module-level tensor changes, yet every call
+    # shares it (the racy code whose thread check once passed in the notebook and failed in the grader)
+    flip = bool(torch.rand((), generator=rng) < 0.5)
+    gain = 0.8 + 0.4 * float(torch.rand((), generator=rng))
+    buffer = _BUFFERS.setdefault(tuple(image.shape), torch.empty(image.shape))
+    torch.mul(image, gain / 255.0, out=buffer)
+    return _blur(buffer.flip(-1) if flip else buffer)
+
+
+def augment_divide_after(image, rng):
+    # multiplies by gain, then divides by 255: within 1e-6 of slow_augment, never bit-for-bit (review m12)
+    flip = bool(torch.rand((), generator=rng) < 0.5)
+    gain = 0.8 + 0.4 * float(torch.rand((), generator=rng))
+    x = image.float() * gain / 255.0
+    return _blur(x.flip(-1) if flip else x)
 
 
 def augment_flip_height(image, rng):
@@ -264,36 +336,170 @@ def augment_flip_height(image, rng):
     return _blur(x.flip(-2) if flip else x)
 
 
-def fast_pipeline_serial(images, workers, seed=0):
-    # forgets the pool: one thread does everything
-    return [augment(image, item_generator(seed, i)) for i, image in enumerate(images)]
+_LOCAL = __import__("threading").local()
 
 
-def fast_pipeline_unbounded(images, workers, seed=0):
-    # a pool of the default size, not `workers`
+def augment_thread_local_buffer(image, rng):
+    # a second, differently written right answer: a scratch buffer per thread (threading.local), shared by no
+    # other thread; torch.flip and a separate pad
+    flip = torch.rand((), generator=rng).item() < 0.5
+    gain = 0.8 + 0.4 * torch.rand((), generator=rng).item()
+    if getattr(_LOCAL, "buffer", None) is None or _LOCAL.buffer.shape != image.shape:
+        _LOCAL.buffer = torch.empty(image.shape)
+    x = torch.mul(image, gain / 255.0, out=_LOCAL.buffer)
+    if flip:
+        x = torch.flip(x, dims=(2,))
+    padded = F.pad(x[None], [1, 1, 1, 1], mode="replicate")
+    return F.conv2d(padded, BLUR, groups=3).squeeze(0)
+
+
+def ordered_map_serial(fn, items, workers, prefetch=None, seed=0):
+    # "do nothing clever": no threads at all
+    for i, item in enumerate(items):
+        yield fn(item, item_generator(seed, i))
+
+
+def ordered_map_executor_map(fn, items, workers, prefetch=None, seed=0):
+    # the one-liner lesson 01 warns against: Executor.map takes every item before the first result
+    with ThreadPoolExecutor(workers) as pool:
+        yield from pool.map(lambda pair: fn(pair[1], item_generator(seed, pair[0])), enumerate(items))
+
+
+def ordered_map_as_completed(fn, items, workers, prefetch=None, seed=0):
+    # bounded, but yields results as they finish, not in input order
+    from concurrent.futures import FIRST_COMPLETED, wait
+    prefetch = prefetch or workers
+    with ThreadPoolExecutor(workers) as pool:
+        pending = set()
+        for i, item in enumerate(items):
+            pending.add(pool.submit(fn, item, item_generator(seed, i)))
+            if len(pending) == prefetch:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                yield from (f.result() for f in done)
+        for f in __import__("concurrent.futures").futures.as_completed(pending):
+            yield f.result()
+
+
+def ordered_map_default_pool(fn, items, workers, prefetch=None, seed=0):
+    # bounded and ordered, but on a pool of the default size, not `workers`
+    from collections import deque
+    prefetch = prefetch or workers
     with ThreadPoolExecutor() as pool:
-        return list(pool.map(lambda i: augment(images[i], item_generator(seed, i)), range(len(images))))
+        pending = deque()
+        for i, item in enumerate(items):
+            pending.append(pool.submit(fn, item, item_generator(seed, i)))
+            if len(pending) == prefetch:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
-def fast_pipeline_strided(images, workers, seed=0):
-    # worker w takes items w, w + workers, ...; results concatenated per worker: out of order
-    def part(w):
-        return [augment(images[i], item_generator(seed, i)) for i in range(w, len(images), workers)]
+def ordered_map_by_index(fn, items, workers, prefetch=None, seed=0):
+    # indexes the input (range(len(items))): fails on a stream
+    from collections import deque
+    prefetch = prefetch or workers
     with ThreadPoolExecutor(workers) as pool:
-        return [out for chunk in pool.map(part, range(workers)) for out in chunk]
+        pending = deque()
+        for i in range(len(items)):
+            pending.append(pool.submit(fn, items[i], item_generator(seed, i)))
+            if len(pending) == prefetch:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
-def fast_pipeline_seed_zero(images, workers, seed=0):
+def ordered_map_refill_first(fn, items, workers, prefetch=None, seed=0):
+    # takes the next item before it yields the oldest result: one item more than prefetch in flight
+    from collections import deque
+    prefetch = prefetch or workers
+    source = enumerate(items)
+    with ThreadPoolExecutor(workers) as pool:
+        pending = deque(pool.submit(fn, item, item_generator(seed, i)) for i, item in
+                        __import__("itertools").islice(source, prefetch))
+        while pending:
+            oldest = pending.popleft()
+            nxt = next(source, None)
+            if nxt is not None:
+                pending.append(pool.submit(fn, nxt[1], item_generator(seed, nxt[0])))
+            yield oldest.result()
+
+
+def ordered_map_twice_workers(fn, items, workers, prefetch=None, seed=0):
+    # takes thread_map's default (2 * workers) for prefetch=None instead of deriving it
+    yield from gs._ordered_map(fn, items, workers, 2 * workers if prefetch is None else prefetch, seed)
+
+
+def ordered_map_one_ahead(fn, items, workers, prefetch=None, seed=0):
+    # prefetch=None read as "one item ahead": every other worker idles
+    yield from gs._ordered_map(fn, items, workers, 1 if prefetch is None else prefetch, seed)
+
+
+def ordered_map_seed_zero(fn, items, workers, prefetch=None, seed=0):
     # seeds every item from 0, whatever `seed` says
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda i: augment(images[i], item_generator(0, i)), range(len(images))))
+    yield from gs._ordered_map(fn, items, workers, prefetch, 0)
 
 
-def fast_pipeline_one_rng(images, workers, seed=0):
+def ordered_map_one_rng(fn, items, workers, prefetch=None, seed=0):
     # one generator for the whole run, shared by the threads
     rng = torch.Generator().manual_seed(seed)
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda image: augment(image, rng), images))
+        yield from pool.map(lambda item: fn(item, rng), items)
+
+
+def ordered_map_thread_map(fn, items, workers, prefetch=None, seed=0):
+    # lesson 01's loader, the thing this exercise builds
+    from helpers import data
+    yield from data.thread_map(fn, items, workers=workers, prefetch=prefetch or workers, seed=seed)
+
+
+def ordered_map_own_threads(fn, items, workers, prefetch=None, seed=0):
+    # a second, differently written right answer: its own threads, a task queue, results by index
+    import queue
+    import threading
+    prefetch = workers if prefetch is None else prefetch
+    tasks, done, cond = queue.SimpleQueue(), {}, threading.Condition()
+
+    def work():
+        while (task := tasks.get()) is not None:
+            i, item = task
+            out = fn(item, item_generator(seed, i))
+            with cond:
+                done[i] = out
+                cond.notify_all()
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    try:
+        source, taken, given, exhausted = enumerate(items), 0, 0, False
+        while True:
+            while not exhausted and taken - given < prefetch:
+                task = next(source, None)
+                if task is None:
+                    exhausted = True
+                else:
+                    tasks.put(task)
+                    taken += 1
+            if given == taken:
+                return
+            with cond:
+                cond.wait_for(lambda: given in done)
+                out = done.pop(given)
+            given += 1
+            yield out
+    finally:
+        for _ in threads:
+            tasks.put(None)
+        for t in threads:
+            t.join()
+
+
+@pytest.mark.parametrize("function, fn", [("augment", augment_thread_local_buffer),
+                                          ("ordered_map", ordered_map_own_threads)],
+                         ids=["augment-thread-local-buffer", "ordered_map-own-threads"])
+def test_lab01_second_solutions_pass_every_case(function, fn):
+    """Right answers written otherwise than the solution's (a per-thread buffer; threads and a queue of
+    its own instead of an executor) get full marks."""
+    assert run_cases(L01, fn, function) == []
 
 
 # --- Lab 02: fusion ------------------------------------------------------------------------------
@@ -426,6 +632,153 @@ def predicted_matmul_fuses():
     return {"chain": 1, "independent": 1, "center": 1, "matmul_between": 1}
 
 
+def predicted_by_measuring():
+    # the forbidden one-liner: measures instead of predicting
+    from helpers import fusion
+    from helpers.lab_checks import kernel_count_cases
+    return {name: len(fusion.inspect_compiled(fn, *args).kernel_functions)
+            for name, (fn, args) in kernel_count_cases().items()}
+
+
+def predicted_one_per_op():
+    # one function per operation written, as in eager
+    return {"chain": 4, "independent": 2, "center": 2, "matmul_between": 3}
+
+
+class _PyKernel:
+    """A Python stand-in for a Triton kernel launched as kernel[grid](...): the body runs once per program id."""
+
+    def __init__(self, body):
+        self.body = body
+
+    def __getitem__(self, grid):
+        def launch(x0, y0, n0, x1, y1, n1, x2, y2, n2, alpha, BLOCK):
+            for pid in range(grid[0]):
+                self.body(pid, [x0, x1, x2], [y0, y1, y2], [n0, n1, n2], alpha, BLOCK)
+        return launch
+
+
+def _kernel_sequential(pid, xs, ys, ns, alpha, block):
+    end0 = _cdiv(ns[0], block)
+    end1 = end0 + _cdiv(ns[1], block)
+    part, start = (0, 0) if pid < end0 else (1, end0) if pid < end1 else (2, end1)
+    _apply_part(xs[part], ys[part], ns[part], pid - start, alpha, part, block)
+
+
+def _with_kernel(body, source: str):
+    """launch_three_part defined by `source` in a namespace whose three_part_kernel is `body` as a kernel."""
+    namespace = {"torch": torch, "F": F, "gs": gs, "three_part_kernel": _PyKernel(body)}
+    exec(source, namespace)
+    return namespace["launch_three_part"]
+
+
+LAUNCH_ONCE = """
+def launch_three_part(xs, alpha=0.5, block=256):
+    flat = [x.contiguous().reshape(-1) for x in xs]
+    outs = [torch.empty_like(x) for x in flat]
+    total, _ = gs._combo_grid([x.numel() for x in flat], block)
+    if total:
+        three_part_kernel[(total,)](flat[0], outs[0], flat[0].numel(), flat[1], outs[1], flat[1].numel(),
+                                    flat[2], outs[2], flat[2].numel(), alpha, BLOCK=block)
+    return [o.view(x.shape) for o, x in zip(outs, xs)]
+"""
+LAUNCH_THRICE = """
+def launch_three_part(xs, alpha=0.5, block=256):
+    # one launch per part, the other two parts empty: three launches, each kernel run for one part
+    flat = [x.contiguous().reshape(-1) for x in xs]
+    outs = [torch.empty_like(x) for x in flat]
+    for part in range(3):
+        args = []
+        for i in range(3):
+            args += [flat[i], outs[i], flat[i].numel() if i == part else 0]
+        blocks = (flat[part].numel() + block - 1) // block     # the other parts own no program
+        if blocks:
+            three_part_kernel[(blocks,)](*args, alpha, BLOCK=block)
+    return [o.view(x.shape) for o, x in zip(outs, xs)]
+"""
+
+launch_once_stand_in = _with_kernel(_kernel_sequential, LAUNCH_ONCE)     # a right answer: the harness's sanity
+launch_three_launches = _with_kernel(_kernel_sequential, LAUNCH_THRICE)
+
+
+def launch_eager(xs, alpha=0.5, block=256):
+    # no kernel at all: the three parts in eager PyTorch
+    return [xs[0] * alpha, torch.relu(xs[1]), F.silu(xs[2])]
+
+
+def launch_separate_kernels(xs, alpha=0.5, block=256):
+    # three launches of single-part kernels (fusion.separate_launches): right values, no combo kernel
+    from helpers import fusion
+    return fusion.separate_launches(xs, alpha=alpha, block=block)
+
+
+def plan_always_sequential(numels, block):
+    # do nothing clever: the sequential grid of exercise 1 whatever the sizes
+    total, _ = gs._combo_grid(numels, block)
+    return "sequential", total, 0
+
+
+def plan_min_over_max(numels, block):
+    # "sizes close" read as the smallest part against the largest
+    blocks = [_cdiv(n, block) for n in numels]
+    if min(numels) / max(numels) > 0.8:
+        return "round_robin", len(numels) * max(blocks), len(numels) * max(blocks) - sum(blocks)
+    return "sequential", sum(blocks), 0
+
+
+def plan_at_least(numels, block):
+    # >= 0.8: round-robin at exactly the bar
+    blocks = [_cdiv(n, block) for n in numels]
+    if sum(numels) / (max(numels) * len(numels)) >= 0.8:
+        return "round_robin", len(numels) * max(blocks), len(numels) * max(blocks) - sum(blocks)
+    return "sequential", sum(blocks), 0
+
+
+def plan_in_blocks(numels, block):
+    # the share counted in blocks, not in elements
+    blocks = [_cdiv(n, block) for n in numels]
+    if sum(blocks) / (max(blocks) * len(blocks)) > 0.8:
+        return "round_robin", len(numels) * max(blocks), len(numels) * max(blocks) - sum(blocks)
+    return "sequential", sum(blocks), 0
+
+
+def plan_idle_in_elements(numels, block):
+    # idle programs from the idle elements, divided by the block: partial blocks are not idle programs
+    blocks = [_cdiv(n, block) for n in numels]
+    if sum(numels) / (max(numels) * len(numels)) > 0.8:
+        return "round_robin", len(numels) * max(blocks), (len(numels) * max(numels) - sum(numels)) // block
+    return "sequential", sum(blocks), 0
+
+
+def plan_calls_inductor(numels, block):
+    # the forbidden one-liner: asks the installed Inductor
+    from helpers import fusion
+    scheme = fusion.inductor_combo_dispatch_strategy(numels)
+    if scheme == "round_robin":
+        return (scheme, *fusion.round_robin_grid(numels, block))
+    return scheme, gs._combo_grid(numels, block)[0], 0
+
+
+def plan_second_solution(numels, block):
+    # a right answer written otherwise: integer arithmetic, no float division, programs counted one by one
+    import math
+    blocks = [math.ceil(n / block) for n in numels]
+    rr = 5 * sum(numels) > 4 * len(numels) * max(numels)
+    busy = sum(blocks)
+    programs = len(blocks) * max(blocks) if rr else busy
+    return ("round_robin" if rr else "sequential"), programs, programs - busy
+
+
+def predicted_second_solution():
+    # a right answer written otherwise: counted from the rule, one function at a time
+    counts = {}
+    for name, extern_calls in (("chain", 0), ("independent", 0), ("center", 0), ("matmul_between", 1)):
+        counts[name] = extern_calls + 1
+    return counts
+
+
+FORBIDDEN_HINT = "asks you to write yourself"   # in judge_case's line for a forbidden call, and in the case hints
+
 # --- Lab 03: MoE ---------------------------------------------------------------------------------
 
 def permute_unstable(x, expert_ids, num_experts):
@@ -478,6 +831,53 @@ def permute_modulo(x, expert_ids, num_experts):
     return x[order % expert_ids.shape[1]], order, torch.bincount(flat, minlength=num_experts).cumsum(0).int()
 
 
+def permute_returns_input(x, expert_ids, num_experts):
+    # does nothing clever: the tokens as they came, one slot each
+    flat = expert_ids.reshape(-1)
+    return x.repeat_interleave(expert_ids.shape[1], 0), torch.arange(flat.numel()), \
+        torch.bincount(flat, minlength=num_experts).cumsum(0).int()
+
+
+def permute_bincount(x, expert_ids, num_experts):
+    # right values, but bincount reads the largest id back to size its output: a sync on a GPU
+    flat = expert_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    return x[order // expert_ids.shape[1]], order, torch.bincount(flat, minlength=num_experts).cumsum(0).int()
+
+
+def permute_tolist_loop(x, expert_ids, num_experts):
+    # counts in a Python loop over the ids: every value comes back to the host
+    flat = expert_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = [0] * num_experts
+    for e in flat.tolist():
+        counts[e] += 1
+    return x[order // expert_ids.shape[1]], order, torch.tensor(counts).cumsum(0).to(torch.int32)
+
+
+def permute_calls_helper(x, expert_ids, num_experts):
+    # the lesson's helper, the forbidden one-liner
+    return moe.permute(x, expert_ids, num_experts)
+
+
+def permute_second_solution(x, expert_ids, num_experts):
+    # a right answer written differently: a stable sort of expert * (T*k) + position, counts by comparison
+    flat = expert_ids.reshape(-1)
+    key = flat * flat.numel() + torch.arange(flat.numel())
+    order = torch.sort(key).indices
+    offs = (flat[None, :] <= torch.arange(num_experts)[:, None]).sum(1).to(torch.int32)
+    return x.index_select(0, torch.div(order, expert_ids.shape[1], rounding_mode="floor")), order, offs
+
+
+def ffn_second_solution(xs, params, offs):
+    # a right answer written differently: one expert at a time, both projections per slice
+    out, start = [], 0
+    for e, end in enumerate(offs.tolist()):
+        out.append(F.gelu(xs[start:end] @ params["w_up"][e]) @ params["w_down"][e])
+        start = end
+    return torch.cat(out)
+
+
 def gemm_skips_first_expert(xs, w, offs):
     # pairs offs[e-1]:offs[e] for e >= 1 only: expert 0's rows are never computed
     out = xs.new_zeros(xs.shape[0], w.shape[2])
@@ -519,6 +919,39 @@ def gemm_float32_out(xs, w, offs):
 def gemm_calls_grouped_mm(xs, w, offs):
     # the library call the exercise asks to write a fallback for
     return F.grouped_mm(xs, w, offs=offs)
+
+
+def gemm_calls_padded_bmm(xs, w, offs):
+    # the lesson's padded helper: one bmm over every expert padded to the busiest
+    return moe.padded_bmm(xs, w, offs)
+
+
+def gemm_bmm_by_hand(xs, w, offs):
+    # every row through every expert in one bmm, then each row's own expert picked
+    counts = torch.diff(offs.long(), prepend=offs.new_zeros(1).long())
+    group = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    rows = int(offs[-1])
+    out = xs.new_zeros(xs.shape[0], w.shape[2])
+    out[:rows] = torch.bmm(xs[:rows].expand(len(counts), -1, -1), w)[group, torch.arange(rows)]
+    return out
+
+
+def gemm_empty_tail(xs, w, offs):
+    # new_empty: the rows past offs[-1] are whatever the memory held
+    out = xs.new_empty(xs.shape[0], w.shape[2])
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        out[start:end] = xs[start:end] @ w[e]
+        start = end
+    return out
+
+
+def gemm_second_solution(xs, w, offs):
+    # a right answer written differently: counts, split and cat, with a zero tail
+    counts = torch.diff(offs.long(), prepend=offs.new_zeros(1).long()).tolist()
+    parts = [chunk @ w[e] for e, chunk in enumerate(torch.split(xs[:int(offs[-1])], counts))]
+    tail = xs.new_zeros(xs.shape[0] - int(offs[-1]), w.shape[2])
+    return torch.cat(parts + [tail]).to(xs.dtype)
 
 
 def ffn_padded_helper(xs, params, offs):
@@ -581,6 +1014,17 @@ BODIES = {
   }
 """,
     # indexes each chunk from 0: a chunk after the first rewrites the first one's elements, not its own
+    # the classic chunking bug: from 0 to end, so a later chunk rewrites the earlier chunks' elements
+    "zero_to_end": r"""
+  for (int64_t i = 0; i < end; ++i) {
+    const acc_t g = static_cast<acc_t>(gate[i]);
+    out[i] = static_cast<scalar_t>(g / (acc_t(1) + std::exp(-g)) * static_cast<acc_t>(up[i]));
+  }
+""",
+    # does nothing: out is left as allocated
+    "empty_body": r"""
+  (void)gate; (void)up; (void)out; (void)begin; (void)end;
+""",
     "chunk_from_zero": r"""
   for (int64_t i = 0; i < end - begin; ++i) {
     const acc_t g = static_cast<acc_t>(gate[i]);
@@ -588,6 +1032,58 @@ BODIES = {
   }
 """,
 }
+
+
+# a right answer written differently: a pointer walk, the sigmoid through 1 / (1 + exp(-g)), while loop
+SECOND_BODY = r"""
+  const scalar_t* g_ptr = gate + begin;
+  const scalar_t* u_ptr = up + begin;
+  scalar_t* o_ptr = out + begin;
+  int64_t left = end - begin;
+  while (left-- > 0) {
+    const acc_t g = static_cast<acc_t>(*g_ptr++);
+    const acc_t sig = acc_t(1) / (acc_t(1) + std::exp(-g));
+    *o_ptr++ = static_cast<scalar_t>(g * sig * static_cast<acc_t>(*u_ptr++));
+  }
+"""
+
+
+def fake_second_solution(gate, up):
+    # a right answer written differently: new_empty of the shape (always contiguous), TypeError-free checks
+    if tuple(gate.shape) != tuple(up.shape):
+        raise ValueError(f"silu_mul: shapes {tuple(gate.shape)} and {tuple(up.shape)} differ")
+    if gate.dtype is not up.dtype:
+        raise ValueError(f"silu_mul: dtypes {gate.dtype} and {up.dtype} differ")
+    return gate.new_empty(gate.shape)
+
+
+def backward_second_solution(ctx, grad):
+    # a right answer written differently: silu(g) and its derivative s + silu(g) * (1 - s)
+    gate, up = ctx.saved_tensors
+    s = torch.sigmoid(gate)
+    silu = gate * s
+    return grad * up * (s + silu * (1 - s)), grad * silu
+
+
+def swiglu_second_solution(x, w_gate, w_up, w_down):
+    # a right answer written differently: torch.matmul with transposes, F.linear for the down projection
+    gate = torch.matmul(x, w_gate.transpose(0, 1))
+    up = F.linear(x, w_up)
+    return F.linear(torch.ops.labs_ext.silu_mul(gate, up), w_down)
+
+
+@pytest.mark.slow
+def test_lab_04_second_kernel_body_gets_full_marks(kernel_results):
+    assert kernel_results["second_solution"] == []
+
+
+@pytest.mark.parametrize("function, fn", [("silu_mul_fake", fake_second_solution),
+                                          ("backward", backward_second_solution),
+                                          ("swiglu_mlp", swiglu_second_solution)])
+def test_lab_04_second_solution_gets_full_marks(function, fn, request):
+    if function == "swiglu_mlp":
+        request.getfixturevalue("silu_mul_registered")
+    assert run_cases("04_custom_op_lab", fn, function) == []
 
 
 def body_source(body: str) -> str:
@@ -677,6 +1173,11 @@ def swiglu_data_dependent(x, w_gate, w_up, w_down):
     if gate.abs().max().item() > 1e6:
         gate = gate.clamp(-1e6, 1e6)
     return torch.ops.labs_ext.silu_mul(gate, x @ w_up.T) @ w_down.T
+
+
+def swiglu_no_down(x, w_gate, w_up, w_down):
+    # w_down ([d, f]) used untransposed, like the input projections' weights: a shape error
+    return torch.ops.labs_ext.silu_mul(x @ w_gate.T, x @ w_up.T) @ w_down
 
 
 # --- Lab 05: quantization ------------------------------------------------------------------------
@@ -811,6 +1312,86 @@ def quantize_model_per_tensor(model):
 def quantize_model_float_weights(model):
     # fake quantization: int8 levels stored as float32, no smaller than before
     return _swap(copy.deepcopy(model), _FakeQuantLinear)
+
+
+def quantize_model_torch_ao(model):
+    # the forbidden one-liner: torch.ao's dynamic quantization, per-channel int8
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    return quantize_dynamic(copy.deepcopy(model), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+
+
+def quantize_model_library_layer(model):
+    # helpers.quant's layer instead of the learner's
+    from helpers import quant
+
+    def make(lin):
+        q, scales = gs._quantize_weight(lin.weight.detach())
+        return quant.Int8WeightOnlyLinear(q, scales, lin.bias)
+    return _swap(copy.deepcopy(model), make)
+
+
+def quantize_calls_torch(w, bits=8):
+    # torch's own per-channel quantizer (the exercise asks for plain tensor operations)
+    qmax = 2 ** (bits - 1) - 1
+    scales = (w.abs().amax(dim=1) / qmax).double()
+    q = torch.quantize_per_channel(w, scales.clamp(min=1e-30), torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+    return q.int_repr().clamp(-qmax, qmax), scales.float()
+
+
+def quantize_second_solution(w, bits=8):
+    # a right answer written differently: float64 division, torch.where for a zero row, round-half-even
+    qmax = float(2 ** (bits - 1) - 1)
+    peak = w.double().abs().max(dim=1, keepdim=True).values
+    codes = torch.where(peak > 0, (w.double() * qmax / torch.where(peak > 0, peak, 1.0)).round(), 0.0)
+    return codes.clamp(-qmax, qmax).to(torch.int8), (peak.squeeze(1) / qmax).float()
+
+
+def int8_linear_second_solution(x, q, scales, bias):
+    # a right answer written differently: flatten, F.linear-style bias via addition broadcast, view back
+    flat = x.flatten(0, -2) if x.dim() > 1 else x[None]
+    y = torch._weight_int8pack_mm(flat.bfloat16().contiguous(), q, scales.bfloat16()).float().to(x.dtype)
+    y = y if bias is None else y + bias[None, :]
+    return y.view(x.shape[:-1] + (q.shape[0],))
+
+
+def quantize_model_second_solution(model):
+    # a right answer written differently: named_modules() to find parents, then swap
+    model = copy.deepcopy(model)
+    for name, module in list(model.named_modules()):
+        if type(module) is nn.Linear:
+            parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+            setattr(parent, name.rpartition(".")[2], _Int8Linear(module))
+    return model
+
+
+FP32_FAST_HERE = "on a CPU that vectorizes fp32 activations (aarch64) they are the fast path: nothing to catch"
+if torch.backends.cpu.get_cpu_capability().upper().startswith("AVX"):
+    FP32_FAST_HERE = None
+
+SECOND_SOLUTIONS_03_05 = [
+    ("03_moe_lab", "permute_tokens", permute_second_solution),
+    ("03_moe_lab", "fallback_grouped_gemm", gemm_second_solution),
+    ("03_moe_lab", "expert_ffn", ffn_second_solution),
+    ("05_quantization_lab", "quantize_weight", quantize_second_solution),
+    ("05_quantization_lab", "int8_linear", int8_linear_second_solution),
+    ("05_quantization_lab", "quantize_model", quantize_model_second_solution),
+]
+
+
+@pytest.mark.parametrize("lab, function, fn", SECOND_SOLUTIONS_03_05,
+                         ids=[f"{lab}-{f}" for lab, f, _ in SECOND_SOLUTIONS_03_05])
+def test_lab_03_05_second_solution_gets_full_marks(lab, function, fn):
+    """A right answer written differently from the solution passes every case, visible and hidden."""
+    assert run_cases(lab, fn, function) == []
+
+
+def test_lab_03_05_wrong_answers_fail_a_visible_case():
+    """Issue 29: in labs 03-05 every wrong answer loses marks in the notebook's check too: the case it is
+    tested on is visible."""
+    for w in WRONG:
+        if w.lab in (L03, L04, L05) and not w.accepts and not w.known:
+            _, cases, _ = prepared(w.lab, w.function)
+            assert not next(c for c in cases if c.name == w.case).hidden, w.id
 
 
 # --- Lab 06: attention ---------------------------------------------------------------------------
@@ -950,6 +1531,185 @@ def bucketed_empty_buckets(seqs, n_buckets):
     return outs
 
 
+def bucketed_chunk(seqs, n_buckets):
+    # sorted, but split with torch.chunk: 6 sequences into 4 buckets give 3 chunks of 2
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
+    outs = [None] * len(seqs)
+    for bucket in torch.tensor(order).chunk(n_buckets):
+        idx = bucket.tolist()
+        for i, o in zip(idx, attention.padded_attention([seqs[i] for i in idx])):
+            outs[i] = o
+    return outs
+
+
+def bucketed_one_batch(seqs, n_buckets):
+    # do nothing clever: one padded batch, whatever n_buckets says
+    return attention.padded_attention(seqs)
+
+
+def bucketed_second_solution(seqs, n_buckets):
+    # a right answer written otherwise: bucket boundaries by integer arithmetic, outputs placed by a dict
+    ranked = sorted(enumerate(seqs), key=lambda item: item[1].shape[0])
+    n = len(ranked)
+    placed = {}
+    for b in range(n_buckets):
+        bucket = ranked[b * n // n_buckets:(b + 1) * n // n_buckets]
+        if bucket:
+            placed.update(zip([i for i, _ in bucket], attention.padded_attention([s for _, s in bucket])))
+    return [placed[i] for i in range(n)]
+
+
+def ops_guess_from_kwargs(q, k, v, **kwargs):
+    # review m13: names the backend from the arguments, without recording anything
+    F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return ["aten::bmm"] if kwargs.get("dropout_p") else ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+
+
+def ops_second_solution(q, k, v, **kwargs):
+    # a right answer written otherwise: the mode records into a list it is given, entered with enter/exit
+    names = []
+
+    class Names(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            names.append(func.name())
+            return out
+    mode = Names()
+    mode.__enter__()
+    try:
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    finally:
+        mode.__exit__(None, None, None)
+    return names
+
+
+def _documents(lengths):
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+
+
+def prefix_lm_doc_causal(lengths, prefix):
+    # the lesson's document mask made causal: the prefix is ignored
+    doc = _documents(lengths)
+    return lambda b, h, q, kv: (doc[q] == doc[kv]) & (kv <= q)
+
+
+def prefix_lm_global_prefix(lengths, prefix):
+    # the prefix counted from the start of the packed row: only the first document gets one
+    doc = _documents(lengths)
+    return lambda b, h, q, kv: (doc[q] == doc[kv]) & ((kv <= q) | (kv < prefix))
+
+
+def prefix_lm_prefix_across_documents(lengths, prefix):
+    # every token sees every document's prefix
+    doc = _documents(lengths)
+    start = torch.tensor([0] + list(lengths)).cumsum(0)[:-1]
+    position = torch.arange(sum(lengths)) - start[doc]
+    return lambda b, h, q, kv: ((doc[q] == doc[kv]) & (kv <= q)) | (position[kv] < prefix)
+
+
+def prefix_lm_python_and(lengths, prefix):
+    # Python `and` / `or` on tensors: data-dependent control flow under vmap
+    doc = _documents(lengths)
+    start = torch.tensor([0] + list(lengths)).cumsum(0)[:-1]
+    position = torch.arange(sum(lengths)) - start[doc]
+    return lambda b, h, q, kv: doc[q] == doc[kv] and (kv <= q or position[kv] < prefix)
+
+
+def prefix_lm_everything(lengths, prefix):
+    # do nothing clever: every key visible
+    return lambda b, h, q, kv: q >= 0
+
+
+def prefix_lm_off_by_one(lengths, prefix):
+    # position <= prefix: one token too many in each prompt
+    doc = _documents(lengths)
+    start = torch.tensor([0] + list(lengths)).cumsum(0)[:-1]
+    position = torch.arange(sum(lengths)) - start[doc]
+    return lambda b, h, q, kv: (doc[q] == doc[kv]) & ((kv <= q) | (position[kv] <= prefix))
+
+
+def prefix_lm_second_solution(lengths, prefix):
+    # a right answer written otherwise: searchsorted for the document, and_masks / or_masks to combine
+    from torch.nn.attention.flex_attention import and_masks, or_masks
+    ends = torch.tensor(lengths).cumsum(0)
+    doc = torch.searchsorted(ends, torch.arange(int(ends[-1])), right=True)
+    first = torch.cat([torch.zeros(1, dtype=ends.dtype), ends[:-1]])[doc]
+
+    def same_doc(b, h, q, kv):
+        return doc[q] == doc[kv]
+
+    def causal(b, h, q, kv):
+        return q >= kv
+
+    def in_prompt(b, h, q, kv):
+        return kv - first[kv] < prefix
+    return and_masks(same_doc, or_masks(causal, in_prompt))
+
+
+def test_lab_02_06_wrong_answers_fail_a_visible_case():
+    """Issue 29: in labs 02 and 06 every wrong answer loses marks in the notebook's check too, not only in
+    the grader: the case it is tested on is visible."""
+    for w in WRONG:
+        if w.lab in (L02, L06) and not w.accepts:
+            _, cases, _ = prepared(w.lab, w.function)
+            assert not next(c for c in cases if c.name == w.case).hidden, w.id
+
+
+def test_lab_02_plan_harness_follows_the_installed_inductor():
+    """combo_plan_errors judges with helpers.fusion's re-implemented rule (no Inductor import in the
+    learner's process): on every case of exercise 3 it is the installed Inductor's choice."""
+    from helpers import fusion
+    _, cases, _ = prepared("02_fusion_lab", "plan_combo_launch")
+    for case in cases:
+        numels = case.args[0]
+        assert fusion.combo_dispatch_strategy(numels) == fusion.inductor_combo_dispatch_strategy(numels), case.name
+
+
+SECOND_SOLUTIONS = [
+    ("02_fusion_lab", "plan_combo_launch", plan_second_solution),
+    ("02_fusion_lab", "launch_three_part", launch_once_stand_in),
+    ("06_attention_lab", "ops_dispatched", ops_second_solution),
+    ("06_attention_lab", "bucketed_attention", bucketed_second_solution),
+    ("06_attention_lab", "prefix_lm_mask_mod", prefix_lm_second_solution),
+]
+
+
+@pytest.mark.parametrize("lab, function, fn", SECOND_SOLUTIONS, ids=[f"{lab}-{f}" for lab, f, _ in SECOND_SOLUTIONS])
+def test_lab_02_06_second_solution_gets_full_marks(lab, function, fn):
+    """A right answer written differently from the solution passes every case, visible and hidden."""
+    assert run_cases(lab, fn, function) == []
+
+
+SECOND_KERNEL = """@triton.jit
+def three_part_kernel(x0, y0, n0, x1, y1, n1, x2, y2, n2, alpha, BLOCK: tl.constexpr):
+    # the starts in integer arithmetic, the parts tested from the last one down
+    pid = tl.program_id(axis=0)
+    start1 = (n0 + BLOCK - 1) // BLOCK
+    start2 = start1 + (n1 + BLOCK - 1) // BLOCK
+    if pid >= start2:
+        apply_part(x2, y2, n2, pid - start2, alpha, 2, BLOCK)
+    elif pid >= start1:
+        apply_part(x1, y1, n1, pid - start1, alpha, 1, BLOCK)
+    else:
+        apply_part(x0, y0, n0, pid, alpha, 0, BLOCK)
+
+"""
+
+
+@pytest.mark.slow
+def test_lab_02_06_slow_second_solutions_get_full_marks(tmp_path):
+    """Lab 02's kernel written otherwise (Triton's interpreter, in a child) and its prediction written
+    otherwise (compiles) get full marks."""
+    assert run_cases("02_fusion_lab", predicted_second_solution, "predicted_kernel_functions") == []
+    pytest.importorskip("triton")
+    solution = triton_solution_source()
+    head = solution[:solution.index("@triton.jit")]
+    kernel = head + SECOND_KERNEL + solution[solution.index("def launch_three_part"):]
+    got = run_in_child("02_fusion_lab", "launch_three_part", {"second": kernel}, tmp_path,
+                       env={"TRITON_INTERPRET": "1"})
+    assert got["second"] == []
+
+
 # --- Lab 07: memory ------------------------------------------------------------------------------
 
 def _nbytes(ps):
@@ -982,25 +1742,39 @@ def predicted_four_bytes(model):
     return {"parameter": size(model.parameters()), "gradient": size(ps), "optimizer_state": 2 * size(ps) + 4 * len(ps)}
 
 
-def at_peak_last_max(tl):
-    # the LAST index of the maximum (>= in a scan)
-    totals = [sum(col) for col in zip(*tl["bytes"].values())]
-    i = max(range(len(totals)), key=lambda j: (totals[j], j))
-    return tl["times_us"][i], {name: values[i] for name, values in tl["bytes"].items()}
+def predicted_by_profiling(model):
+    # measures instead of predicting: the profiler the exercise rules out
+    from helpers import memory
+    tl = memory.timeline(memory.profile_steps(memory.training_step(model, 4, model[0][0].in_features), steps=1))
+    return {c: memory.peak_bytes(tl, c) for c in ("parameter", "gradient", "optimizer_state")}
 
 
-def at_peak_per_category(tl):
-    # each category's own maximum, not the values at the moment of the total's peak
-    totals = [sum(col) for col in zip(*tl["bytes"].values())]
-    i = totals.index(max(totals))
-    return tl["times_us"][i], {name: max(values) for name, values in tl["bytes"].items()}
+def _policy(keep):
+    """A selective-checkpointing policy: MUST_SAVE where keep(op, args) is true, else PREFER_RECOMPUTE."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if keep(op, args) else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
 
 
-def at_peak_index(tl):
-    # the index of the peak instead of its time
-    totals = [sum(col) for col in zip(*tl["bytes"].values())]
-    i = totals.index(max(totals))
-    return i, {name: values[i] for name, values in tl["bytes"].items()}
+MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+# recomputes everything: full checkpointing, every matmul redone ("do nothing clever")
+keep_nothing = _policy(lambda op, args: False)
+# saves every op's output: keeps more than no checkpointing
+keep_everything = _policy(lambda op, args: True)
+# the deep dive's rule written again: down's output is kept though no backward reads it
+keep_every_matmul = _policy(lambda op, args: op in MATMULS)
+# keeps only the narrow matmul output (down's): up and gate are recomputed
+keep_narrow_matmul = _policy(lambda op, args: op in MATMULS and args[-1].shape[-1] < args[-2].shape[-1])
+# keeps the pointwise outputs, recomputes the matmuls: the costly ops redone, the cheap ones kept
+keep_pointwise = _policy(lambda op, args: op not in MATMULS)
+
+
+def keep_calls_save_matmuls(ctx, op, *args, **kwargs):
+    # the lesson's policy itself: forbidden
+    from helpers import memory
+    return memory.save_matmuls(ctx, op, *args, **kwargs)
 
 
 def accumulate_not_divided(model, x, y, micro):
@@ -1030,6 +1804,45 @@ def accumulate_zero_in_loop(model, x, y, micro):
         (F.mse_loss(model(xs), ys) * (xs.shape[0] / x.shape[0])).backward()
 
 
+def accumulate_one_backward(model, x, y, micro):
+    # right gradients, but one backward on the summed losses: every chunk's activations alive at once
+    model.zero_grad(set_to_none=True)
+    total = sum(F.mse_loss(model(xs), ys) * (xs.shape[0] / x.shape[0]) for xs, ys in zip(x.chunk(micro), y.chunk(micro)))
+    total.backward()
+
+
+# Correct solutions written differently from the notebook's: each must get full marks.
+
+def predicted_bytes_second(model):
+    from collections import Counter
+    counts = Counter()
+    for _, p in model.named_parameters():
+        nbytes = p.nelement() * torch.finfo(p.dtype).bits // 8
+        counts["parameter"] += nbytes
+        if p.requires_grad:
+            counts["gradient"] += nbytes
+            counts["optimizer_state"] += 2 * nbytes + torch.tensor(0.0).element_size()
+    return {k: counts[k] for k in ("parameter", "gradient", "optimizer_state")}
+
+
+def keep_policy_second(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+    if op.overloadpacket in (torch.ops.aten.addmm, torch.ops.aten.mm):
+        weight = args[-1]                                   # (in, out): the transposed weight
+        if weight.shape[1] >= 2 * weight.shape[0]:          # the up-projections (4x wider out than in)
+            return CheckpointPolicy.PREFER_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def accumulate_grads_second(model, x, y, micro):
+    for p in model.parameters():
+        p.grad = None
+    n, size = len(x), -(-len(x) // micro)
+    for start in range(0, n, size):
+        xs, ys = x[start:start + size], y[start:start + size]
+        (F.mse_loss(model(xs), ys, reduction="sum") / (n * ys.shape[1])).backward()
+
+
 # --- Lab 08: debugging ---------------------------------------------------------------------------
 
 def first_difference_absolute(a, b, rtol=0.0):
@@ -1037,7 +1850,7 @@ def first_difference_absolute(a, b, rtol=0.0):
     if [n for n, _ in a] != [n for n, _ in b]:
         raise ValueError("the traces dispatched different ops")
     for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
-        if any(abs(p - q) > rtol for p, q in zip(ha, hb)):
+        if any(abs(p - q) > rtol or (p != p) != (q != q) for p, q in zip(ha, hb)):
             return i
     return None
 
@@ -1047,7 +1860,8 @@ def first_difference_first_hash(a, b, rtol=0.0):
     if [n for n, _ in a] != [n for n, _ in b]:
         raise ValueError("the traces dispatched different ops")
     for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
-        if abs(ha[0] - hb[0]) > rtol * max(abs(ha[0]), abs(hb[0])):
+        p, q = ha[0], hb[0]
+        if (p != p) != (q != q) or abs(p - q) > rtol * max(abs(p), abs(q)):
             return i
     return None
 
@@ -1055,7 +1869,7 @@ def first_difference_first_hash(a, b, rtol=0.0):
 def first_difference_no_name_check(a, b, rtol=0.0):
     # never compares the op names
     for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
-        if any(abs(p - q) > rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
+        if any((p != p) != (q != q) or abs(p - q) > rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
             return i
     return None
 
@@ -1065,7 +1879,7 @@ def first_difference_zipped_names(a, b, rtol=0.0):
     if any(na != nb for (na, _), (nb, _) in zip(a, b)):
         raise ValueError("the traces dispatched different ops")
     for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
-        if any(abs(p - q) > rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
+        if any((p != p) != (q != q) or abs(p - q) > rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
             return i
     return None
 
@@ -1076,6 +1890,26 @@ def first_difference_ge(a, b, rtol=0.0):
         raise ValueError("the traces dispatched different ops")
     for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
         if any(abs(p - q) >= rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
+            return i
+    return None
+
+
+def first_difference_nan_blind(a, b, rtol=0.0):
+    # the plain comparison: |nan - x| > t is False, so a NaN never differs
+    if [n for n, _ in a] != [n for n, _ in b]:
+        raise ValueError("the traces dispatched different ops")
+    for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
+        if any(abs(p - q) > rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
+            return i
+    return None
+
+
+def first_difference_nan_always(a, b, rtol=0.0):
+    # any NaN is a difference, even NaN in both runs
+    if [n for n, _ in a] != [n for n, _ in b]:
+        raise ValueError("the traces dispatched different ops")
+    for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
+        if any(p != p or q != q or abs(p - q) > rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
             return i
     return None
 
@@ -1128,16 +1962,55 @@ def prepare_wrong_dim(batch):
     return batch
 
 
-def export_static(module, example, path):
-    # no dynamic_shapes: the batch size is the example's
-    torch.export.save(torch.export.export(module, (example,)), path)
+class _Batched(nn.Module):
+    """TokenHead without the loop; `dim` is the dimension of the statistics (1, the tokens, is right)."""
+
+    def __init__(self, proj, dim=1):
+        super().__init__()
+        self.proj, self.dim = proj, dim
+
+    def forward(self, x):
+        d = self.dim
+        return self.proj((x - x.mean(d, keepdim=True)) / (x.std(d, keepdim=True) + 1e-5)).amax(1)
+
+
+def _export_save_load(module, example, path, dynamic_shapes=None):
+    torch.export.save(torch.export.export(module, (example,), dynamic_shapes=dynamic_shapes), path)
     return torch.export.load(path).module()
+
+
+BATCH_DIM = ({0: torch.export.Dim("batch", min=1, max=512)},)
+
+
+def export_static(module, example, path):
+    # loop removed, but no dynamic_shapes: the batch size is the example's
+    return _export_save_load(_Batched(module.proj), example, path)
+
+
+def export_looped(module, example, path):
+    # the module as it is, batch declared dynamic: export refuses, the loop specialised the batch
+    return _export_save_load(module, example, path, BATCH_DIM)
+
+
+def export_looped_auto(module, example, path):
+    # the loop kept, Dim.AUTO: export quietly specialises the batch to the example's
+    return _export_save_load(module, example, path, ({0: torch.export.Dim.AUTO},))
+
+
+def export_returns_eager(module, example, path):
+    # "do nothing clever": the eager module back, nothing exported or saved
+    return module
+
+
+def export_wrong_statistics(module, example, path):
+    # the loop removed, but the statistics taken over the features instead of the tokens
+    return _export_save_load(_Batched(module.proj, dim=2), example, path, BATCH_DIM)
 
 
 def export_program_not_module(module, example, path):
     # returns the ExportedProgram, which cannot be called
-    batch = torch.export.Dim("batch", min=1, max=512)
-    torch.export.save(torch.export.export(module, (example,), dynamic_shapes=({0: batch},)), path)
+    program = torch.export.export(_Batched(module.proj), (example,), dynamic_shapes=BATCH_DIM)
+    torch.export.save(program, path)
     return torch.export.load(path)
 
 
@@ -1145,6 +2018,65 @@ def export_torchscript(module, example, path):
     # TorchScript: deprecated, and what the exercise replaces
     torch.jit.save(torch.jit.trace(module, example), path)
     return torch.jit.load(path)
+
+
+# Correct solutions written differently from the notebook's: each must get full marks.
+
+def first_difference_second(a, b, rtol=0.0):
+    if len(a) != len(b) or any(na != nb for (na, _), (nb, _) in zip(a, b)):
+        raise ValueError("different programs")
+    for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
+        for p, q in zip(ha, hb):
+            if p != p and q != q:
+                continue
+            if not abs(p - q) <= rtol * max(abs(p), abs(q)):
+                return i
+    return None
+
+
+def safe_normalize_second(v, eps=1e-12):
+    # the sum of squares clamped BEFORE the square root: sqrt never sees 0, and max(norm, eps) is exact
+    return v * torch.rsqrt((v * v).sum(-1, keepdim=True).clamp_min(eps * eps))
+
+
+def prepare_second(batch):
+    from torch._dynamo.decorators import mark_unbacked as symbolic_for_every_size
+    batch = batch.clone()
+    symbolic_for_every_size(batch, 0)
+    return batch
+
+
+def export_and_reload_second(module, example, path):
+    class AllAtOnce(nn.Module):           # the loop's body over the whole batch, with std_mean and keyword dims
+        def __init__(self, proj):
+            super().__init__()
+            self.proj = proj
+
+        def forward(self, x):
+            std, mean = torch.std_mean(x, dim=-2, keepdim=True)
+            return torch.amax(self.proj((x - mean) / (std + 1e-5)), dim=-2)
+    program = torch.export.export(AllAtOnce(module.proj), (example,),
+                                  dynamic_shapes={"x": {0: torch.export.Dim("n", min=1, max=1024)}})
+    torch.export.save(program, path)
+    return torch.export.load(path).module()
+
+
+SECOND_SOLUTIONS_07_08 = [
+    ("07_memory_lab", "predicted_bytes", predicted_bytes_second),
+    ("07_memory_lab", "keep_policy", keep_policy_second),
+    ("07_memory_lab", "accumulate_grads", accumulate_grads_second),
+    ("08_debugging_lab", "first_difference", first_difference_second),
+    ("08_debugging_lab", "safe_normalize", safe_normalize_second),
+    ("08_debugging_lab", "prepare", prepare_second),
+    ("08_debugging_lab", "export_and_reload", export_and_reload_second),
+]
+
+
+@pytest.mark.parametrize("lab, function, fn", SECOND_SOLUTIONS_07_08,
+                         ids=[f"{lab}-{f}" for lab, f, _ in SECOND_SOLUTIONS_07_08])
+def test_second_solution_labs_07_08_gets_full_marks(lab, function, fn):
+    """A correct solution written differently from the notebook's passes every case, visible and hidden."""
+    assert run_cases(lab, fn, function) == []
 
 
 # --- Lab 09: migration ---------------------------------------------------------------------------
@@ -1308,6 +2240,12 @@ WRONG = [
           "subtract the maximum first"),
     Wrong(L00, "softmax", "float32", softmax_float32, "float64 keeps its dtype", "do not convert to float32"),
     Wrong(L00, "softmax", "calls-torch", softmax_calls_torch, "large values, last dim", "subtract x.amax"),
+    Wrong(L00, "softmax", "unmasked", softmax_unmasked, "a fully masked row gives zeros", "Not NaN"),
+    Wrong(L00, "softmax", "finite-mask", softmax_finite_mask, "a fully masked row gives zeros", "and not 1/n"),
+    Wrong(L00, "softmax", "fixed-device", softmax_fixed_device,
+          "runs on any device, keeps the dtype (a float64 meta tensor)", "never on a fixed device"),
+    Wrong(L00, "softmax", "python-branch", softmax_python_branch,
+          "runs on any device, keeps the dtype (a float64 meta tensor)", "never read a value back to Python"),
     Wrong(L00, "rms_norm", "no-eps", rms_norm_no_eps, "eps is used", "add eps inside the square root"),
     Wrong(L00, "rms_norm", "eps-outside-sqrt", rms_norm_eps_outside, "eps is used", "add eps inside the square root"),
     Wrong(L00, "rms_norm", "no-weight-check", rms_norm_no_check, "a mismatched weight is rejected",
@@ -1315,22 +2253,40 @@ WRONG = [
     Wrong(L00, "rms_norm", "vague-error", rms_norm_vague_error, "a mismatched weight is rejected", MATCH_HINT),
     Wrong(L00, "rms_norm", "whole-tensor-mean", rms_norm_whole_tensor, "values", "mean(x**2 over the last dim)"),
 
-    Wrong(L01, "augment", "global-rng", augment_global_rng, "serially, equals slow_augment seeded per item",
-          "both with generator=rng"),
-    Wrong(L01, "augment", "gain-first", augment_gain_first, "serially, equals slow_augment seeded per item",
-          "draw flip first, then gain"),
+    Wrong(L01, "augment", "global-rng", augment_global_rng, "draws only from rng, never from the global RNG",
+          "draw every random number with generator=rng"),
+    Wrong(L01, "augment", "gain-first", augment_gain_first, "bit-for-bit equal to slow_augment seeded per item",
+          "draw the flip, then the gain"),
+    Wrong(L01, "augment", "divide-after", augment_divide_after, "bit-for-bit equal to slow_augment seeded per item",
+          "in one multiplication"),
     Wrong(L01, "augment", "scratch-buffer", augment_scratch, "writes into no module-level tensor", "never out=SCRATCH"),
-    Wrong(L01, "augment", "flips-height", augment_flip_height, "serially, equals slow_augment seeded per item",
-          "multiply by gain / 255, flip, pad, blur"),
-    Wrong(L01, "fast_pipeline", "no-pool", fast_pipeline_serial,
-          "at most `workers` calls at once, on more than one thread", "ThreadPoolExecutor(max_workers=workers)"),
-    Wrong(L01, "fast_pipeline", "unbounded-pool", fast_pipeline_unbounded,
-          "at most `workers` calls at once, on more than one thread", "never more threads than workers"),
-    Wrong(L01, "fast_pipeline", "strided-split", fast_pipeline_strided, "equals the serial reference, in order",
-          "keep the input order"),
-    Wrong(L01, "fast_pipeline", "seed-ignored", fast_pipeline_seed_zero, "another seed", "pass seed to item_generator"),
-    Wrong(L01, "fast_pipeline", "one-shared-rng", fast_pipeline_one_rng, "equals the serial reference, in order",
-          "seed item i with data.item_generator(seed, i)"),
+    Wrong(L01, "augment", "cached-buffer", augment_cached_buffer,
+          "another call run between any two of its steps changes nothing (the race, made to happen)",
+          "a buffer cached in a dict"),
+    Wrong(L01, "augment", "flips-height", augment_flip_height, "bit-for-bit equal to slow_augment seeded per item",
+          "flip the width"),
+    Wrong(L01, "ordered_map", "no-threads", ordered_map_serial, "`workers` calls run at once",
+          "fewer calls ran at once than `workers`"),
+    Wrong(L01, "ordered_map", "executor-map", ordered_map_executor_map, "never more than `prefetch` items read ahead",
+          "Executor.map"),
+    Wrong(L01, "ordered_map", "as-completed", ordered_map_as_completed,
+          "results in input order when a later item finishes first", "even when a later item finishes first"),
+    Wrong(L01, "ordered_map", "default-pool", ordered_map_default_pool, "never more than `workers` calls at once",
+          "size the pool to `workers` threads"),
+    Wrong(L01, "ordered_map", "indexes-input", ordered_map_by_index,
+          "items from a one-shot stream (a generator: no len())", "never len(), indexing or list(items)"),
+    Wrong(L01, "ordered_map", "refills-before-yield", ordered_map_refill_first,
+          "never more than `prefetch` items read ahead", "only after you yielded one"),
+    Wrong(L01, "ordered_map", "prefetch-2x-workers", ordered_map_twice_workers,
+          "prefetch=None: the read-ahead you derived", "every item read ahead is held in memory"),
+    Wrong(L01, "ordered_map", "prefetch-one", ordered_map_one_ahead, "prefetch=None: the read-ahead you derived",
+          "leave no worker idle"),
+    Wrong(L01, "ordered_map", "seed-ignored", ordered_map_seed_zero,
+          "item i is seeded with data.item_generator(seed, i)", "a new generator per item"),
+    Wrong(L01, "ordered_map", "one-shared-rng", ordered_map_one_rng,
+          "item i is seeded with data.item_generator(seed, i)", "a new generator per item"),
+    Wrong(L01, "ordered_map", "calls-thread-map", ordered_map_thread_map, "`workers` calls run at once",
+          "fewer calls ran at once"),
 
     Wrong(L02, "combo_grid", "floor", combo_grid_floor, "the example", "(n + block - 1) // block"),
     Wrong(L02, "combo_grid", "plus-one", combo_grid_plus_one, "exact multiples", "exactly k*block elements"),
@@ -1344,25 +2300,54 @@ WRONG = [
     Wrong(L02, "launch_three_part", "end1-not-cumulative", launch_end1_not_cumulative, "sizes [1000, 1, 3075]",
           "that part's programs never ran"),
     Wrong(L02, "launch_three_part", "floor-ends", launch_floor_ends, "sizes [1000, 1, 3075]", "wrong local id"),
+    Wrong(L02, "launch_three_part", "eager", launch_eager, "one launch of three_part_kernel",
+          "ONE launch for all three parts"),
+    Wrong(L02, "launch_three_part", "three-launches", launch_three_launches, "one launch of three_part_kernel",
+          "launch three_part_kernel once"),
+    Wrong(L02, "launch_three_part", "separate-kernels", launch_separate_kernels, "one launch of three_part_kernel",
+          "no other kernel"),
+    Wrong(L02, "plan_combo_launch", "always-sequential", plan_always_sequential, "parts of close sizes",
+          "round-robin wins when the parts are close in size"),
+    Wrong(L02, "plan_combo_launch", "min-over-max", plan_min_over_max, "parts of close sizes",
+          "not the smallest part against the largest"),
+    Wrong(L02, "plan_combo_launch", "at-least", plan_at_least, "exactly at the bar", "the bar is strict"),
+    Wrong(L02, "plan_combo_launch", "in-blocks", plan_in_blocks, "no idle block, yet below the bar",
+          "in elements (each part's xnumel), not in blocks"),
+    Wrong(L02, "plan_combo_launch", "idle-in-elements", plan_idle_in_elements, "idle programs of a round-robin launch",
+          "count programs in blocks"),
+    Wrong(L02, "plan_combo_launch", "calls-inductor", plan_calls_inductor, "parts of close sizes",
+          "helpers.fusion"),
     Wrong(L02, "predicted_kernel_functions", "gpu-habits", predicted_gpu_habits, "the four functions",
           "puts consecutive loops into one function", slow=True),
     Wrong(L02, "predicted_kernel_functions", "matmul-fuses", predicted_matmul_fuses, "the four functions",
-          "only a library call (extern_kernels.mm) splits them", slow=True),
+          "only a call it does not generate itself splits them", slow=True),
+    Wrong(L02, "predicted_kernel_functions", "one-per-op", predicted_one_per_op, "the four functions",
+          "the name in brackets is a function you predicted wrong", slow=True),
+    Wrong(L02, "predicted_kernel_functions", "measures", predicted_by_measuring, "the four functions",
+          "torch.compile", slow=True),
 
-    Wrong(L03, "permute_tokens", "unstable", permute_unstable, "12 tokens, k=2, expert 1 gets none",
-          "torch.argsort(flat, stable=True)"),
-    Wrong(L03, "permute_tokens", "unsorted", permute_unsorted, "12 tokens, k=2, expert 1 gets none",
-          "torch.argsort(flat, stable=True)"),
+    Wrong(L03, "permute_tokens", "unstable", permute_unstable, "order: sorted by expert, ties in arrival order",
+          "keep ties in order"),
+    Wrong(L03, "permute_tokens", "unsorted", permute_unsorted, "order: sorted by expert, ties in arrival order",
+          "sorts the flattened (token, slot) positions by expert"),
     Wrong(L03, "permute_tokens", "counts-not-offsets", permute_counts_not_offsets,
-          "12 tokens, k=2, expert 1 gets none", "cumulative END offsets"),
-    Wrong(L03, "permute_tokens", "int64-offsets", permute_int64_offsets, "12 tokens, k=2, expert 1 gets none",
-          "offs: int32"),
-    Wrong(L03, "permute_tokens", "no-minlength", permute_no_minlength, "trailing experts with no tokens",
-          "bincount minlength"),
-    Wrong(L03, "permute_tokens", "start-offsets", permute_start_offsets, "12 tokens, k=2, expert 1 gets none",
-          "cumulative END offsets"),
-    Wrong(L03, "permute_tokens", "modulo-k", permute_modulo, "12 tokens, k=2, expert 1 gets none",
-          "xs: token order[i] // k"),
+          "offs: cumulative end offsets, expert 1 gets none", "not the count of each expert"),
+    Wrong(L03, "permute_tokens", "int64-offsets", permute_int64_offsets, "offs is torch.int32",
+          "offs must be torch.int32"),
+    Wrong(L03, "permute_tokens", "no-minlength", permute_no_minlength, "experts 2..5 get no token: 6 offsets",
+          "tell the counting how many experts there are"),
+    Wrong(L03, "permute_tokens", "start-offsets", permute_start_offsets, "offs: cumulative end offsets, expert 1 gets none",
+          "not where it starts"),
+    Wrong(L03, "permute_tokens", "modulo-k", permute_modulo, "xs: the token of each sorted position",
+          "position p belongs to token p // k"),
+    Wrong(L03, "permute_tokens", "returns-input", permute_returns_input, "order: sorted by expert, ties in arrival order",
+          "sorts the flattened (token, slot) positions by expert"),
+    Wrong(L03, "permute_tokens", "bincount-reads-back", permute_bincount, "nothing is read back to the host (no sync on a GPU)",
+          "sizes its output from the largest id"),
+    Wrong(L03, "permute_tokens", "tolist-loop", permute_tolist_loop, "nothing is read back to the host (no sync on a GPU)",
+          ".tolist(), .item(), int() or Python loop"),
+    Wrong(L03, "permute_tokens", "calls-helper", permute_calls_helper, "order: sorted by expert, ties in arrival order",
+          FORBIDDEN_HINT),
     Wrong(L03, "fallback_grouped_gemm", "skips-expert-0", gemm_skips_first_expert,
           "4 experts, counts [10, 10, 10, 10], torch.float32", "the first starts at 0"),
     Wrong(L03, "fallback_grouped_gemm", "off-by-one", gemm_off_by_one,
@@ -1372,9 +2357,15 @@ WRONG = [
     Wrong(L03, "fallback_grouped_gemm", "float32-output", gemm_float32_out,
           "6 experts, counts [18, 8, 5, 4, 3, 2], torch.bfloat16", "keep the input's dtype"),
     Wrong(L03, "fallback_grouped_gemm", "calls-grouped-mm", gemm_calls_grouped_mm,
-          "4 experts, counts [10, 10, 10, 10], torch.float32", "an empty slice is fine"),
-    Wrong(L03, "expert_ffn", "padded-helper", ffn_padded_helper, "4 experts, counts [47, 11, 4, 2]", "no padding"),
-    Wrong(L03, "expert_ffn", "padded-by-hand", ffn_padded_by_hand, "4 experts, counts [47, 11, 4, 2]", "no padding"),
+          "4 experts, counts [10, 10, 10, 10], torch.float32", FORBIDDEN_HINT),
+    Wrong(L03, "fallback_grouped_gemm", "padded-bmm", gemm_calls_padded_bmm,
+          "4 experts, counts [10, 10, 10, 10], torch.float32", FORBIDDEN_HINT),
+    Wrong(L03, "fallback_grouped_gemm", "bmm-by-hand", gemm_bmm_by_hand,
+          "4 experts, counts [10, 10, 10, 10], torch.float32", FORBIDDEN_HINT),
+    Wrong(L03, "fallback_grouped_gemm", "empty-tail", gemm_empty_tail,
+          "4 experts own 36 of 48 rows", "their output rows must be 0"),
+    Wrong(L03, "expert_ffn", "padded-helper", ffn_padded_helper, "4 experts, counts [47, 11, 4, 2]", FORBIDDEN_HINT),
+    Wrong(L03, "expert_ffn", "padded-by-hand", ffn_padded_by_hand, "4 experts, counts [47, 11, 4, 2]", FORBIDDEN_HINT),
     Wrong(L03, "expert_ffn", "relu", ffn_relu, "4 experts, counts [47, 11, 4, 2]", "up-projection, GELU"),
     Wrong(L03, "expert_ffn", "gelu-tanh", ffn_gelu_tanh, "4 experts, counts [47, 11, 4, 2]", "GELU"),
     Wrong(L03, "expert_ffn", "one-expert", ffn_one_expert, "4 experts, counts [47, 11, 4, 2]",
@@ -1386,15 +2377,19 @@ WRONG = [
           "compute in acc_t", slow=True),
     Wrong(L04, "silu_mul_body", "float-not-acc-t", BODIES["float_not_acc_t"], "shape (3, 33), torch.float64",
           "compute in acc_t", slow=True),
-    Wrong(L04, "silu_mul_body", "chunk-from-zero", BODIES["chunk_from_zero"], "shape (4099,), torch.float32",
-          "only its chunk [begin, end)", slow=True),
+    Wrong(L04, "silu_mul_body", "chunk-from-zero", BODIES["chunk_from_zero"],
+          "one chunk [2050, 4099) of 4099 writes only its own elements", "index from begin", slow=True),
+    Wrong(L04, "silu_mul_body", "zero-to-end", BODIES["zero_to_end"],
+          "one chunk [2050, 4099) of 4099 writes only its own elements", "a loop that starts at 0", slow=True),
+    Wrong(L04, "silu_mul_body", "empty-body", BODIES["empty_body"],
+          "one chunk [2050, 4099) of 4099 writes only its own elements", "index from begin", slow=True),
     Wrong(L04, "silu_mul_fake", "keeps-strides", fake_keeps_strides, "a transposed gate gives a contiguous output",
           "empty_like copies gate's strides"),
     Wrong(L04, "silu_mul_fake", "no-checks", fake_no_checks, "different shapes are rejected",
           "raise ValueError when the shapes or the dtypes differ"),
     Wrong(L04, "silu_mul_fake", "shape-check-only", fake_shape_check_only, "different dtypes are rejected",
           "raise ValueError when the shapes or the dtypes differ"),
-    Wrong(L04, "silu_mul_fake", "default-dtype", fake_default_dtype, "3-D bfloat16",
+    Wrong(L04, "silu_mul_fake", "default-dtype", fake_default_dtype, "bfloat16 inputs give a bfloat16 output",
           "a contiguous tensor of gate's shape and dtype"),
     Wrong(L04, "silu_mul_fake", "runtime-error", fake_runtime_error, "different shapes are rejected",
           "raise ValueError"),
@@ -1404,27 +2399,30 @@ WRONG = [
     Wrong(L04, "backward", "ignores-grad", backward_ignores_grad, "gradients of gate and up", "multiply both by grad"),
     Wrong(L04, "backward", "exp-sigmoid", backward_exp_sigmoid, "large gates (no overflow)", "s = sigmoid(g)"),
     Wrong(L04, "backward", "calls-silu-backward", backward_calls_silu_backward, "gradients of gate and up",
-          "d/dgate"),
+          FORBIDDEN_HINT),
     Wrong(L04, "swiglu_mlp", "plain-silu", swiglu_plain_silu, "calls labs_ext.silu_mul",
           "call torch.ops.labs_ext.silu_mul"),
-    Wrong(L04, "swiglu_mlp", "gate-up-swapped", swiglu_swapped, "values", "silu_mul(x @ w_gate.T, x @ w_up.T)"),
+    Wrong(L04, "swiglu_mlp", "gate-up-swapped", swiglu_swapped, "values", "its second multiplies it"),
+    Wrong(L04, "swiglu_mlp", "no-down-projection", swiglu_no_down, "values", "the down projection comes last"),
     Wrong(L04, "swiglu_mlp", "graph-break", swiglu_data_dependent,
-          "compiled with fullgraph=True: values and gradients", "a graph break"),
+          "compiled with fullgraph=True: values and gradients", "Look first in swiglu_mlp"),
 
     Wrong(L05, "quantize_weight", "per-tensor", quantize_per_tensor, "one fp32 scale per row",
           "one value per output row"),
     Wrong(L05, "quantize_weight", "per-column", quantize_per_column, "one fp32 scale per row", "reduce over the inputs"),
     Wrong(L05, "quantize_weight", "float-codes", quantize_float_codes, "codes are torch.int8", ".to(torch.int8)"),
     Wrong(L05, "quantize_weight", "ignores-bits", quantize_ignores_bits, "bits=4: codes in [-7, 7]",
-          "qmax = 2**(bits-1) - 1"),
+          "not 127 whatever bits says"),
     Wrong(L05, "quantize_weight", "zero-row", quantize_zero_row_nan, "a row of zeros: scale 0, codes 0, no NaN",
           "do not divide 0 by 0"),
     Wrong(L05, "quantize_weight", "truncates", quantize_truncates, "codes are rounded, not truncated",
-          "round(w / scales[:, None])"),
+          "truncates towards zero: round first"),
+    Wrong(L05, "quantize_weight", "calls-quantize-per-channel", quantize_calls_torch, "one fp32 scale per row",
+          FORBIDDEN_HINT),
     Wrong(L05, "int8_linear", "fp32-activations", int8_linear_fp32_activations,
-          "the kernel gets bfloat16 activations (the fast path on CPU)", "fed fp32 activations"),
+          "the kernel gets the activations of its fast path on this CPU", "fed fp32", known=FP32_FAST_HERE),
     Wrong(L05, "int8_linear", "dequantized-matmul", int8_linear_dequantized,
-          "the kernel gets bfloat16 activations (the fast path on CPU)", "torch._weight_int8pack_mm"),
+          "the kernel gets the activations of its fast path on this CPU", "Hand it bfloat16 activations"),
     Wrong(L05, "int8_linear", "no-reshape", int8_linear_no_reshape, "values (3-D input, bias)",
           "reshape x to 2-D"),
     Wrong(L05, "int8_linear", "bf16-output", int8_linear_bf16_out, "output keeps the input's dtype",
@@ -1438,6 +2436,10 @@ WRONG = [
           "one scale per output row"),
     Wrong(L05, "quantize_model", "float-weights", quantize_model_float_weights, "at least 3x smaller",
           "not a float copy of the weight"),
+    Wrong(L05, "quantize_model", "torch-ao-dynamic", quantize_model_torch_ao, "every nn.Linear replaced",
+          FORBIDDEN_HINT),
+    Wrong(L05, "quantize_model", "library-int8-linear", quantize_model_library_layer, "every nn.Linear replaced",
+          FORBIDDEN_HINT),
 
     Wrong(L06, "key_mask", "true-on-padding", key_mask_true_on_padding, "a boolean mask, True on real keys",
           "True where the key is a real token"),
@@ -1456,65 +2458,109 @@ WRONG = [
     Wrong(L06, "ops_dispatched", "str-names", ops_str_names, "the default choice", "append func.name()"),
     Wrong(L06, "ops_dispatched", "torch-function-mode", ops_torch_function_mode, "the default choice",
           "in __torch_dispatch__"),
+    Wrong(L06, "ops_dispatched", "guess-from-kwargs", ops_guess_from_kwargs,
+          "v of another head dim: MATH without dropout", "never guessed from the arguments"),
     Wrong(L06, "bucketed_attention", "unsorted", bucketed_unsorted, "each bucket holds consecutive lengths",
           "sort the sequences by length"),
     Wrong(L06, "bucketed_attention", "sorted-output", bucketed_sorted_order, "values, in the original order",
           "put its output back there"),
-    Wrong(L06, "bucketed_attention", "floor-size", bucketed_floor_size, "3 buckets hold consecutive lengths",
-          "split the sorted list into exactly n_buckets runs"),
+    Wrong(L06, "bucketed_attention", "floor-size", bucketed_floor_size, "4 buckets for 6 sequences: exactly 4 runs",
+          "one rounded down leaves sequences out"),
+    Wrong(L06, "bucketed_attention", "chunk", bucketed_chunk, "4 buckets for 6 sequences: exactly 4 runs",
+          "what torch.chunk does"),
     Wrong(L06, "bucketed_attention", "empty-buckets", bucketed_empty_buckets, "more buckets than sequences",
           "some buckets are empty: skip them"),
+    Wrong(L06, "bucketed_attention", "one-batch", bucketed_one_batch, "each bucket holds consecutive lengths",
+          "call attention.padded_attention once per bucket"),
+    Wrong(L06, "prefix_lm_mask_mod", "document-causal", prefix_lm_doc_causal, "a prefix of 2 in each document",
+          "the first `prefix` tokens of EACH document"),
+    Wrong(L06, "prefix_lm_mask_mod", "global-prefix", prefix_lm_global_prefix, "a prefix of 2 in each document",
+          "not in the packed row"),
+    Wrong(L06, "prefix_lm_mask_mod", "prefix-across-documents", prefix_lm_prefix_across_documents,
+          "a prefix of 2 in each document", "only tokens of the same document see it"),
+    Wrong(L06, "prefix_lm_mask_mod", "python-and", prefix_lm_python_and, "prefix 0: causal inside each document",
+          "no Python if, and, or"),
+    Wrong(L06, "prefix_lm_mask_mod", "everything", prefix_lm_everything, "prefix 0: causal inside each document",
+          "a token sees the keys of its own document"),
+    Wrong(L06, "prefix_lm_mask_mod", "off-by-one", prefix_lm_off_by_one, "a document shorter than the prefix",
+          "counted from that document's start"),
 
     Wrong(L07, "predicted_bytes", "one-adam-state", predicted_one_adam_state, "float32, every layer trainable",
-          "Adam's two moments"),
+          "Adam keeps more per trainable parameter than one tensor"),
     Wrong(L07, "predicted_bytes", "ignores-frozen", predicted_ignores_frozen, "the first 2 layers frozen",
-          "only for trainable parameters (requires_grad)"),
+          "over the parameters with requires_grad only"),
     Wrong(L07, "predicted_bytes", "no-step", predicted_no_step, "float32, every layer trainable",
-          "plus a 4-byte float32 step per trainable tensor"),
-    Wrong(L07, "predicted_bytes", "four-bytes", predicted_four_bytes, "bfloat16 parameters", "in their dtype"),
-    Wrong(L07, "at_peak", "last-max", at_peak_last_max, "a tie: the first moment", "take the FIRST index"),
-    Wrong(L07, "at_peak", "per-category-max", at_peak_per_category, "a random timeline", "report every category there"),
-    Wrong(L07, "at_peak", "index-not-time", at_peak_index, "a random timeline", "take the FIRST index of the maximum"),
+          "the per-tensor counter included"),
+    Wrong(L07, "predicted_bytes", "four-bytes", predicted_four_bytes, "bfloat16 parameters",
+          "a bfloat16 element takes 2 bytes"),
+    Wrong(L07, "predicted_bytes", "profiles", predicted_by_profiling, "float32, every layer trainable",
+          FORBIDDEN_HINT),
+    Wrong(L07, "keep_policy", "keep-nothing", keep_nothing,
+          "no matmul recomputed in backward (width 32, 3 blocks, batch 128)", "backward recomputed a matmul"),
+    Wrong(L07, "keep_policy", "calls-save-matmuls", keep_calls_save_matmuls,
+          "no matmul recomputed in backward (width 32, 3 blocks, batch 128)", FORBIDDEN_HINT),
+    Wrong(L07, "keep_policy", "every-matmul", keep_every_matmul,
+          "fewer bytes kept than save_matmuls (width 32, 3 blocks, batch 128)", "is read by no backward formula"),
+    Wrong(L07, "keep_policy", "everything", keep_everything,
+          "fewer bytes kept than save_matmuls (width 32, 3 blocks, batch 128)", "as many bytes as saving every matmul"),
+    Wrong(L07, "keep_policy", "narrow-matmul", keep_narrow_matmul,
+          "no matmul recomputed in backward (width 32, 3 blocks, batch 128)", "a matmul redone"),
+    Wrong(L07, "keep_policy", "pointwise", keep_pointwise,
+          "no matmul recomputed in backward (width 32, 3 blocks, batch 128)", "let only the cheap pointwise ops"),
     Wrong(L07, "accumulate_grads", "not-divided", accumulate_not_divided, "4 equal chunks",
-          "weight each chunk's loss by its share"),
+          "mse_loss is a mean over its own chunk"),
     Wrong(L07, "accumulate_grads", "divided-by-micro", accumulate_divided_by_micro,
-          "a batch that 4 does not divide (10 rows)", "(chunk rows / batch rows)"),
+          "a batch that 4 does not divide (10 rows)", "dividing by the number of chunks"),
     Wrong(L07, "accumulate_grads", "stale-grads", accumulate_stale, "gradients left from an earlier step are not added",
-          "model.zero_grad(set_to_none=True) before the first chunk"),
-    Wrong(L07, "accumulate_grads", "zero-in-loop", accumulate_zero_in_loop, "4 equal chunks",
-          "weight each chunk's loss"),
+          "clear them once, before the first chunk"),
+    Wrong(L07, "accumulate_grads", "zero-in-loop", accumulate_zero_in_loop, "every chunk counts, not only the last",
+          "clearing the gradients inside the loop"),
+    Wrong(L07, "accumulate_grads", "one-backward", accumulate_one_backward, "one backward per chunk",
+          "backward ran fewer times than there are chunks"),
 
     Wrong(L08, "first_difference", "absolute-tolerance", first_difference_absolute,
-          "rtol is relative, not absolute (hashes near 1e6)",
-          "differ means |p - q| > rtol * max(|p|, |q|)"),
+          "rtol is relative, not absolute (hashes near 1e6)", "larger than rtol times the larger of their magnitudes"),
     Wrong(L08, "first_difference", "first-hash-only", first_difference_first_hash, "only the second hash differs",
           "check every hash of an op"),
     Wrong(L08, "first_difference", "no-name-check", first_difference_no_name_check, "different programs are refused",
           "compare the op names of the two traces first"),
     Wrong(L08, "first_difference", "zipped-names", first_difference_zipped_names,
           "traces of different lengths are refused", "compare the whole list of names"),
-    Wrong(L08, "first_difference", "ge-not-gt", first_difference_ge, "identical traces", "return None"),
+    Wrong(L08, "first_difference", "ge-not-gt", first_difference_ge, "identical traces", "there is no index to return"),
+    Wrong(L08, "first_difference", "nan-blind", first_difference_nan_blind, "a NaN in one trace differs from a number",
+          "a NaN compares False with everything"),
+    Wrong(L08, "first_difference", "nan-always-differs", first_difference_nan_always,
+          "NaN in both traces is not a difference", "the two runs agree when both hashes are NaN"),
     Wrong(L08, "safe_normalize", "eps-outside", normalize_eps_outside, "a larger eps",
-          "use eps as the norm's lower bound"),
-    Wrong(L08, "safe_normalize", "no-eps", normalize_no_eps, "values", "v / max(norm(v, last dim), eps)"),
-    Wrong(L08, "safe_normalize", "manual-sqrt", normalize_manual_sqrt, "finite gradients, a zero row included",
-          "clamp the norm from below"),
-    Wrong(L08, "safe_normalize", "eps-under-sqrt", normalize_eps_under_sqrt, "finite gradients, a zero row included",
-          "instead of adding eps under a square root"),
-    Wrong(L08, "safe_normalize", "calls-normalize", normalize_calls_torch, "values", "v / max(norm"),
+          "eps is the smallest value the norm may take"),
+    Wrong(L08, "safe_normalize", "no-eps", normalize_no_eps, "values", "never by less than eps"),
+    Wrong(L08, "safe_normalize", "manual-sqrt", normalize_manual_sqrt, "finite gradients at a zero row",
+          "sqrt's derivative at 0 is infinite"),
+    Wrong(L08, "safe_normalize", "eps-under-sqrt", normalize_eps_under_sqrt,
+          "F.normalize's gradients, a zero row included", "Adding eps under the square root"),
+    Wrong(L08, "safe_normalize", "calls-normalize", normalize_calls_torch, "values", FORBIDDEN_HINT),
     Wrong(L08, "prepare", "marks-nothing", prepare_nothing, "no recompiles for sizes 8, 9, 100, 3",
           "mark the batch dimension (0) dynamic"),
     Wrong(L08, "prepare", "mark-dynamic", prepare_mark_dynamic, "no recompiles (and no error) for sizes 8, 1, 512, 2",
-          "mark_unbacked(batch, 0)"),
+          "makes a size a symbol for every value"),
     Wrong(L08, "prepare", "mark-dynamic-min1", prepare_mark_dynamic_min1,
           "no recompiles (and no error) for sizes 8, 1, 512, 2", "or raises with min=1"),
     Wrong(L08, "prepare", "wrong-dim", prepare_wrong_dim, "no recompiles for sizes 8, 9, 100, 3",
           "mark the batch dimension (0)"),
     Wrong(L08, "export_and_reload", "no-dynamic-shapes", export_static, "other batch sizes: 5, 1, 512",
-          "dynamic_shapes=({0: torch.export.Dim('batch', min=1, max=512)},)"),
-    Wrong(L08, "export_and_reload", "program-not-module", export_program_not_module, "the example's batch",
-          "export.load(path).module()"),
-    Wrong(L08, "export_and_reload", "torchscript", export_torchscript, "the example's batch", "export.export(module"),
+          "declare the batch dimension dynamic"),
+    Wrong(L08, "export_and_reload", "looped", export_looped, "export accepts the batch as dynamic (a loop-free forward)",
+          "the forward's Python loop over range(batch)"),
+    Wrong(L08, "export_and_reload", "looped-dim-auto", export_looped_auto, "other batch sizes: 5, 1, 512",
+          "with Dim.AUTO, export quietly specialises"),
+    Wrong(L08, "export_and_reload", "returns-eager", export_returns_eager,
+          "the program saved at path takes batches 5, 1, 512", "save the exported program there"),
+    Wrong(L08, "export_and_reload", "wrong-statistics", export_wrong_statistics, "the example's batch",
+          "the same statistics over the same dimension"),
+    Wrong(L08, "export_and_reload", "program-not-module", export_program_not_module,
+          "returns the loaded module (callable)", "an ExportedProgram itself cannot be called"),
+    Wrong(L08, "export_and_reload", "torchscript", export_torchscript,
+          "export accepts the batch as dynamic (a loop-free forward)", FORBIDDEN_HINT),
     Wrong(L09, "median_gain_interval", "inverted-gain", interval_inverted, "times, B 20% slower: the gain",
           "median(A) / median(B) for a time"),
     Wrong(L09, "median_gain_interval", "mean-gain", interval_mean_gain, "times, B 20% slower: the gain",
@@ -1578,7 +2624,7 @@ def silu_mul_registered():
 def kernel_results(tmp_path_factory):
     """Every silu_mul_body candidate (the solution notebook's, then the wrong ones) in one child process."""
     solution = solution_namespace(L04)["silu_mul_body"]()
-    candidates = {"solution": body_source(solution)}
+    candidates = {"solution": body_source(solution), "second_solution": body_source(SECOND_BODY)}
     candidates.update({w.name: body_source(w.fn) for w in WRONG if w.function == "silu_mul_body"})
     return run_in_child(L04, "silu_mul_body", candidates, tmp_path_factory.mktemp("kernels"))
 
@@ -1623,7 +2669,8 @@ def test_every_exercise_has_a_wrong_answer():
 EXERCISES = [(lab, e.function) for lab, spec in SPECS.items() for e in spec.exercises]
 
 
-REFERENCE_EXEMPT = {(L04, "swiglu_mlp"): {"calls labs_ext.silu_mul"}}   # the reference is plain PyTorch
+REFERENCE_EXEMPT = {(L04, "swiglu_mlp"): {"calls labs_ext.silu_mul"},   # the reference is plain PyTorch
+                    (L02, "launch_three_part"): {"one launch of three_part_kernel", "one launch, other sizes"}}
 
 
 @pytest.mark.parametrize("lab, function", EXERCISES, ids=[f"{lab}-{fn}" for lab, fn in EXERCISES])
@@ -1666,9 +2713,9 @@ def test_solution_notebook_passes_every_case(lab, function, request, tmp_path):
 
 @pytest.mark.parametrize("lab, fn, function, hint", [
     (L00, softmax_last_dim_only, "softmax", "use the dim argument"),
-    (L03, permute_counts_not_offsets, "permute_tokens", "cumulative END offsets"),
-    (L07, at_peak_last_max, "at_peak", "take the FIRST index"),
-], ids=["softmax", "permute_tokens", "at_peak"])
+    (L03, permute_counts_not_offsets, "permute_tokens", "not the count of each expert"),
+    (L07, accumulate_divided_by_micro, "accumulate_grads", "dividing by the number of chunks"),
+], ids=["softmax", "permute_tokens", "accumulate_grads"])
 def test_check_raises_the_hint(lab, fn, function, hint, capsys):
     with pytest.raises(CheckFailed) as failed:
         check(lab, fn, function=function)

@@ -56,31 +56,57 @@ class LabSpec:
 def _softmax_cases(gen: torch.Generator) -> list[Case]:
     x = torch.randn(4, 7, generator=gen) * 50
     x[0, 0] = 100.0                    # exp(100) overflows float32: only a max-subtracted softmax survives it
+    masked = torch.randn(3, 6, generator=gen) * 5
+    masked[1] = float("-inf")          # every key of row 1 masked out
+    masked[2, ::2] = float("-inf")     # half of row 2's keys masked out
+    masked_3d = torch.randn(2, 4, 3, generator=gen, dtype=torch.float64)
+    masked_3d[1, :, 2] = float("-inf")  # along dim 1: one slice entirely masked
+    empty = ("in a fully masked row the maximum is -inf and every exp(x) is 0: no probability is left to "
+             "share out, so every entry is 0. Not NaN (-inf minus -inf, or 0 / 0), and not 1/n (what a "
+             "large finite stand-in for -inf gives): decide what to subtract and what to divide by there")
+    device = ("build every new tensor from x (zeros_like, a Python number, x.new_...), never on a fixed "
+              "device, and never read a value back to Python (bool(), .item(), an `if` on a tensor): the "
+              "check runs your function on the meta device, which has no values, as an accelerator would "
+              "run it without a round trip to the host; and keep x's dtype")
     return [
         Case("large values, last dim", (x,), hint="subtract x.amax(dim, keepdim=True) before exp"),
         Case("along dim 0", (x,), {"dim": 0}, hint="use the dim argument in every reduction, with keepdim=True"),
+        Case("a fully masked row gives zeros", (masked,), hint=empty),
+        Case("runs on any device, keeps the dtype (a float64 meta tensor)", (x.double(),),
+             call="softmax_on_meta", hint=device),
         Case("3-D input along dim 1", (torch.randn(2, 3, 5, generator=gen) * 10,), {"dim": 1}, hidden=True,
              hint="reduce over `dim` only, keeping it (keepdim=True) so the division broadcasts"),
         Case("float64 keeps its dtype", (torch.randn(3, 4, generator=gen, dtype=torch.float64) * 100,),
              hidden=True, hint="do not convert to float32; every op here keeps the input dtype"),
         Case("huge values (1e4) do not overflow", (torch.randn(2, 6, generator=gen) * 1e4,), hidden=True,
              hint="exp(1e4) is inf in any float type: subtract the maximum first"),
+        Case("a fully masked slice along dim 1, float64", (masked_3d,), {"dim": 1}, hidden=True, hint=empty),
+        Case("any device, 3-D bfloat16 along dim 0", (torch.randn(3, 2, 5, generator=gen).bfloat16(),),
+             {"dim": 0}, call="softmax_on_meta", hidden=True, hint=device),
     ]
 
 
 def _rms_norm_cases(gen: torch.Generator) -> list[Case]:
     x, w = torch.randn(3, 5, 16, generator=gen), torch.rand(16, generator=gen)
+    eps = "add eps inside the square root, to the mean of the squares: it matters when values are tiny"
     return [
         Case("values", (x, w), hint="x / sqrt(mean(x**2 over the last dim) + eps) * weight"),
+        Case("eps is used", (torch.randn(4, 16, generator=gen) * 1e-3, w), {"eps": 1e-2}, hint=eps),
         Case("a mismatched weight is rejected", (x, torch.ones(8)), raises="ValueError", match="weight",
              hint="compare weight.shape with x.shape[-1:] before computing"),
         Case("1-D input", (torch.randn(16, generator=gen), w), hidden=True,
              hint="normalise over the last dimension whatever the number of dimensions"),
-        Case("eps is used", (torch.randn(4, 16, generator=gen) * 1e-3, w), {"eps": 1e-2}, hidden=True,
-             hint="add eps inside the square root: it matters when values are tiny"),
+        Case("eps is used, a 3-D input", (torch.randn(2, 3, 16, generator=gen) * 1e-3, w), {"eps": 1e-3},
+             hidden=True, hint=eps),
         Case("a mismatched weight on a 1-D input is rejected", (torch.randn(16, generator=gen), torch.ones(15)),
              raises="ValueError", hidden=True, hint="compare weight.shape with x.shape[-1:] before computing"),
     ]
+
+
+def _softmax_reference(x, dim=-1):
+    """torch.softmax, with 0 (not NaN) in a row whose every entry is -inf."""
+    out = torch.softmax(x, dim=dim)
+    return torch.where(torch.isneginf(x).all(dim=dim, keepdim=True), torch.zeros_like(out), out)
 
 
 SOFTMAX = ("softmax", "_softmax", "log_softmax", "_log_softmax", "special_softmax")
@@ -92,8 +118,7 @@ def _rms_norm_reference(x, weight, eps=1e-6):
 
 SPECS: dict[str, LabSpec] = {
     "00_warmup_lab": LabSpec("00_warmup_lab", (
-        Exercise("Exercise 1: softmax", "softmax", _softmax_cases,
-                 lambda x, dim=-1: torch.softmax(x, dim=dim), forbidden=SOFTMAX),
+        Exercise("Exercise 1: softmax", "softmax", _softmax_cases, _softmax_reference, forbidden=SOFTMAX),
         Exercise("Exercise 2: rms_norm", "rms_norm", _rms_norm_cases, _rms_norm_reference,
                  forbidden=("rms_norm", "_fused_rms_norm")),
     )),
@@ -107,7 +132,7 @@ BLUR = (torch.outer(torch.tensor([1.0, 2.0, 1.0]), torch.tensor([1.0, 2.0, 1.0])
 
 
 def augment(image, rng):
-    """Lab 01's reference augment (named so: the concurrency harness wraps the global `augment`)."""
+    """Lab 01's reference augment (exercise 1)."""
     import torch.nn.functional as F
     flip = bool(torch.rand((), generator=rng) < 0.5)
     gain = 0.8 + 0.4 * float(torch.rand((), generator=rng))
@@ -117,12 +142,22 @@ def augment(image, rng):
     return F.conv2d(F.pad(x.unsqueeze(0), (1, 1, 1, 1), mode="replicate"), BLUR, groups=3)[0]
 
 
-def _fast_pipeline(images, workers, seed=0):
+def _ordered_map(fn, items, workers, prefetch=None, seed=0):
+    """Lab 01's reference loader (exercise 2): fn(item, rng) on `workers` threads, results in input order,
+    at most `prefetch` items (default: `workers`) taken from `items` and not yet yielded."""
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     from helpers.data import item_generator
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda i: augment(images[i], item_generator(seed, i)), range(len(images))))
+    prefetch = workers if prefetch is None else prefetch
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = deque()
+        for i, item in enumerate(items):
+            pending.append(pool.submit(fn, item, item_generator(seed, i)))
+            if len(pending) == prefetch:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def _images(gen, n, h, w):
@@ -131,32 +166,81 @@ def _images(gen, n, h, w):
 
 def _augment_cases(gen):
     images, seed = _images(gen, 6, 24, 24), int(torch.randint(0, 1000, (), generator=gen))
-    same = "draw flip first, then gain, both with generator=rng; then multiply by gain / 255, flip, pad, blur"
+    rng = ("draw every random number with generator=rng: the global RNG is one state shared by every thread, "
+           "so which item gets which numbers would depend on the order the threads draw in")
+    same = ("the same operations in the same order give the same bits: draw the flip, then the gain; scale by "
+            "gain / 255 in one multiplication, as slow_augment does; flip the width; pad and blur as it does")
+    race = ("a call that keeps a tensor between two of its steps where another call can reach it (a buffer "
+            "cached in a dict, a default argument, an attribute) is overwritten by the other call: allocate "
+            "every tensor inside the call")
     return [
-        Case("serially, equals slow_augment seeded per item", (images, seed), call="serial_items", hint=same),
-        Case("writes into no module-level tensor", (images, seed), call="globals_written", expected=[],
-             expect_value=True, hint="allocate a new tensor in every call (torch.mul(image, g) or image * g), "
-                                     "never out=SCRATCH: threads share module-level tensors"),
-        Case("on 4 threads, 3 runs, equals the serial results", (images, seed, 4, 3), call="threaded_runs",
-             hint="draw every random number from rng (generator=rng), never from the global RNG"),
-        Case("a non-square image", (_images(gen, 2, 5, 9), seed), call="serial_items", hidden=True, hint=same),
-        Case("8 threads on 12 items", (_images(gen, 12, 8, 8), seed, 8, 2), call="threaded_runs", hidden=True,
-             hint="no shared state: the result must not depend on which thread runs which item"),
+        Case("draws only from rng, never from the global RNG", (images[:3], seed), call="global_rng_use",
+             expected="draws only from rng", expect_value=True, hint=rng),
+        Case("bit-for-bit equal to slow_augment seeded per item", (images, seed), call="not_bit_equal",
+             expected="every item bit-for-bit equal", expect_value=True, hint=same),
+        Case("writes into no module-level tensor", (images, seed), call="globals_written",
+             expected="writes into no module-level tensor", expect_value=True,
+             hint="allocate a new tensor in every call, never out=SCRATCH: threads share module-level tensors"),
+        Case("another call run between any two of its steps changes nothing (the race, made to happen)",
+             (images[:3], seed), call="changed_by_a_call_between", expected="no item changed",
+             expect_value=True, hint=race),
+        Case("a non-square image, another seed", (_images(gen, 2, 5, 9), seed + 1), call="not_bit_equal",
+             expected="every item bit-for-bit equal", expect_value=True, hidden=True, hint=same),
+        Case("the race, on other images", (_images(gen, 4, 8, 12), seed + 2), call="changed_by_a_call_between",
+             expected="no item changed", expect_value=True, hidden=True, hint=race),
     ]
 
 
-def _fast_pipeline_cases(gen):
-    images = _images(gen, 10, 16, 16)
+def _items(gen, n):
+    return list(torch.rand(n, 2, generator=gen).unbind(0))
+
+
+def _ordered_map_cases(gen):
+    seed = int(torch.randint(1, 1000, (), generator=gen))
+    items = _items(gen, 9)
+    busy = ("fewer calls ran at once than `workers`: run the calls on `workers` threads, and take at least "
+            "`workers` items from the input before you wait for the first result")
+    too_many = ("more calls ran at once than `workers`: size the pool to `workers` threads (a "
+                "ThreadPoolExecutor() without max_workers has up to 32)")
+    seeded = "call fn(item, data.item_generator(seed, i)) for item i: a new generator per item, from seed and i"
+    order = ("yield item i's result before item i+1's, even when a later item finishes first: keep the "
+             "futures (or results) in the order you took the items, and wait for the oldest")
+    stream = ("items may be a generator, readable once and of unknown length: take items one at a time as "
+              "you go (iterate it), never len(), indexing or list(items)")
+    bound = ("take a new item from the input only after you yielded one: Executor.map, list(items) or "
+             "submitting everything first reads the whole input before the first result")
+    default = ("a worker can only run an item that was read, and every item read ahead is held in memory: "
+               "derive the fewest items in flight that leave no worker idle")
     return [
-        Case("equals the serial reference, in order", (images, 3), hint="keep the input order (collect the "
-             "futures in submission order, or pool.map) and seed item i with data.item_generator(seed, i)"),
-        Case("at most `workers` calls at once, on more than one thread", (images, 2, 0),
-             call="bounded_and_threaded", expected=True, expect_value=True,
-             hint="run augment on a ThreadPoolExecutor(max_workers=workers): never more threads than workers"),
-        Case("another seed", (images[:4], 2), {"seed": 7}, hidden=True, hint="pass seed to item_generator"),
-        Case("one worker", (images[:3], 1), hidden=True, hint="workers=1 is a valid pool"),
-        Case("more workers than items", (images[:2], 5), hidden=True, hint="a pool larger than the input works"),
-        Case("no images", ([], 2), hidden=True, hint="an empty input gives an empty list"),
+        Case("`workers` calls run at once", (12, 3, 3, seed), call="calls_at_once", expected="3 calls at once",
+             expect_value=True, hint=busy),
+        Case("never more than `workers` calls at once", (12, 2, 8, seed), call="calls_at_once",
+             expected="2 calls at once", expect_value=True, hint=too_many),
+        Case("item i is seeded with data.item_generator(seed, i)", (items[:1], 2, 2, seed), call="loader_results",
+             hint=seeded),
+        Case("results in input order when a later item finishes first", (items, 3, 4, seed),
+             call="loader_results", hint=order),
+        Case("items from a one-shot stream (a generator: no len())", (items, 2, 3, seed), {"stream": True},
+             call="loader_results", hint=stream),
+        Case("never more than `prefetch` items read ahead", (200, 2, 4, seed), call="read_ahead",
+             expected="at most 4 items read ahead", expect_value=True, hint=bound),
+        Case("prefetch=None: the read-ahead you derived", (40, 3, seed), call="default_read_ahead",
+             expected="just enough to keep every worker busy", expect_value=True, hint=default),
+        Case("an empty input yields nothing", ([], 2, 2, seed), call="loader_results",
+             hint="with no items there is nothing to wait for: finish without a result"),
+        Case("more workers than items", (items[:2], 6, 6, seed), call="loader_results",
+             hint="a pool larger than the input still yields every item once, in order"),
+        Case("4 calls at once, another seed", (9, 4, 5, seed + 1), call="calls_at_once",
+             expected="4 calls at once", expect_value=True, hidden=True, hint=busy),
+        Case("never more than `workers` calls at once, 3 workers", (15, 3, 9, seed), call="calls_at_once",
+             expected="3 calls at once", expect_value=True, hidden=True, hint=too_many),
+        Case("a longer stream, another seed", (_items(gen, 17), 4, 6, seed + 1), {"stream": True},
+             call="loader_results", hidden=True, hint=stream),
+        Case("read-ahead bound 7 with 3 workers", (300, 3, 7, seed), call="read_ahead",
+             expected="at most 7 items read ahead", expect_value=True, hidden=True, hint=bound),
+        Case("prefetch=None with 5 workers", (50, 5, seed + 3), call="default_read_ahead",
+             expected="just enough to keep every worker busy", expect_value=True, hidden=True, hint=default),
+        Case("one worker, prefetch 1", (items[:5], 1, 1, seed + 4), call="loader_results", hidden=True, hint=order),
     ]
 
 
@@ -187,15 +271,60 @@ def _combo_grid_cases(gen):
 def _combo_launch_cases(gen):
     hint = ("zeros or garbage in one part: that part's programs never ran, or ran with the wrong local id; "
             "subtract the start of the part (end0 for part 1, end1 for part 2)")
-    return [Case(f"sizes {sizes}", ([torch.randn(n, generator=gen) for n in sizes],), hint=hint, hidden=hidden,
-                 call="triton_launch")
-            for sizes, hidden in (([1000, 1, 3075], False), ([256, 0, 300], False), ([5, 700, 1], True),
-                                  ([0, 0, 513], True), ([257, 257, 0], True))]
+    once = ("the point of a combo kernel is ONE launch for all three parts: launch three_part_kernel once, on "
+            "the grid combo_grid gives, with no other kernel and no eager PyTorch computing a part")
+    cases = [Case(f"sizes {sizes}", ([torch.randn(n, generator=gen) for n in sizes],), hint=hint, hidden=hidden,
+                  call="triton_launch")
+             for sizes, hidden in (([1000, 1, 3075], False), ([256, 0, 300], False), ([5, 700, 1], True),
+                                   ([0, 0, 513], True), ([257, 257, 0], True))]
+    cases.insert(2, Case("one launch of three_part_kernel", ([torch.randn(n, generator=gen) for n in (700, 3, 300)],),
+                         call="kernel_launches", expected=1, expect_value=True, hint=once))
+    cases.append(Case("one launch, other sizes", ([torch.randn(n, generator=gen) for n in (33, 1030, 5)],),
+                      call="kernel_launches", expected=1, expect_value=True, hidden=True, hint=once))
+    return cases
 
 
 def _combo_reference(xs):
     from helpers.fusion import combo_reference
     return combo_reference(xs, alpha=0.5)
+
+
+def _combo_plan(numels, block):
+    blocks = [(n + block - 1) // block for n in numels]
+    if sum(numels) / (max(numels) * len(numels)) > 0.8:
+        return "round_robin", len(numels) * max(blocks), len(numels) * max(blocks) - sum(blocks)
+    return "sequential", sum(blocks), 0
+
+
+def _combo_plan_cases(gen):
+    base = int(torch.randint(2000, 6000, (), generator=gen))
+    close = [base, base - int(torch.randint(base // 10, base // 6, (), generator=gen)), base]
+    small = [base, base, base, int(torch.randint(1, base // 5, (), generator=gen))]
+    block = int(torch.tensor([128, 256, 512])[torch.randint(0, 3, (), generator=gen)])
+    case = lambda name, args, hint, hidden=False: Case(name, args, call="combo_plan_errors",  # noqa: E731
+                                                       expected="all three right",
+                                                       expect_value=True, hidden=hidden, hint=hint)
+    share = ("round-robin wins when the parts are close in size: the share of a round-robin launch that has work, "
+             "computed as select_dispatch_strategy (lesson 02) computes it (the parts' total over the largest times "
+             "their number), not the smallest part against the largest; below the bar the parts run one after "
+             "another, with no idle program. Work it out yourself: helpers.fusion and Inductor's own functions "
+             "would make the decision for you")
+    strict = "the bar is strict: at exactly 0.8 Inductor does not pick round-robin"
+    elements = ("Inductor measures the share in elements (each part's xnumel), not in blocks: a round-robin launch "
+                "with no idle program can still fall below the bar")
+    idle = ("count programs in blocks: a round-robin launch gives every part as many programs as the largest part "
+            "has blocks, and a program past its part's last block has nothing to do; a sequential launch wastes none")
+    return [
+        case("parts of close sizes", ([4096, 4096, 4096, 3000], 1024), share),
+        case("no idle block, yet below the bar", ([1024, 1024, 1024, 100], 1024), elements),
+        case("one small part", ([4096, 4096, 4096, 512], 512), share),
+        case("exactly at the bar", ([1280, 1280, 1280, 256], 256), strict),
+        case("idle programs of a round-robin launch", ([2048, 2048, 2048, 1100, 1100], 1024), idle),
+        case("close sizes, other numbers", (close, block), share, hidden=True),
+        case("one small part, other numbers", (small, block), share, hidden=True),
+        case("idle programs, other numbers", ([3000, 3072, 2500, 2900], 512), idle, hidden=True),
+        case("one part", ([777], 256), idle, hidden=True),
+    ]
 
 
 # Exercise 3's reference compiles functions: torch.compile reads the source of every frame on the stack, and
@@ -208,24 +337,51 @@ from helpers.lab_checks import kernel_counts as _kernel_counts   # noqa: E402
 def _permute(x, expert_ids, num_experts):
     flat = expert_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    offs = torch.bincount(flat, minlength=num_experts).cumsum(0).to(torch.int32)
-    return x[order // expert_ids.shape[1]], order, offs
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    return x[order // expert_ids.shape[1]], order, counts.cumsum(0).to(torch.int32)
 
 
 def _permute_cases(gen):
-    hint = ("order: torch.argsort(flat, stable=True); xs: token order[i] // k; offs: int32 cumulative END "
-            "offsets with an entry for every expert (torch.bincount(flat, minlength=num_experts).cumsum(0))")
+    order = ("order sorts the flattened (token, slot) positions by expert; among positions with the same expert "
+             "the earlier one comes first. A plain sort may swap equal keys: ask the sort to keep ties in order. "
+             "(helpers.moe.permute is refused: it is what this exercise asks you to write yourself)")
+    rows = ("xs row i is the token of flattened position order[i]: with k slots per token, position p belongs to "
+            "token p // k (slot p % k); reread how a [T, k] tensor is flattened")
+    ends = ("offs[e] is the number of rows of experts 0..e together (where expert e's rows END), one entry per "
+            "expert: not the count of each expert, not where it starts; an expert with no token repeats the "
+            "previous end")
+    int32 = "offs must be torch.int32, the dtype grouped_mm takes; a count or a cumulative sum comes out as int64"
+    trailing = ("offs has num_experts entries even when the last experts get no token: a count of the ids that "
+                "occur stops at the largest id; tell the counting how many experts there are")
+    sync = ("the names listed read tensor values back to the host, a sync that stalls the GPU on every MoE layer: "
+            "a count that sizes its output from the largest id reads that id back first, and so does any "
+            ".tolist(), .item(), int() or Python loop over a tensor. Count with an op whose output size you give "
+            "it (num_experts is a Python int already)")
     ids = torch.tensor([[0, 2], [2, 3], [0, 3], [3, 2], [0, 2], [2, 0], [3, 0], [0, 2], [2, 3], [3, 0], [0, 3], [2, 0]])
+    x12 = torch.randn(12, 8, generator=gen)
+    trail = (torch.randn(7, 5, generator=gen), torch.tensor([[1, 0, 1], [0, 1, 1], [1, 1, 0], [0, 0, 1], [1, 0, 0],
+                                                             [0, 1, 0], [1, 1, 1]]), 6)
     return [
-        Case("12 tokens, k=2, expert 1 gets none", (torch.randn(12, 8, generator=gen), ids, 4), hint=hint),
+        Case("order: sorted by expert, ties in arrival order", (x12, ids, 4), call="second", hint=order),
+        Case("xs: the token of each sorted position", (x12, ids, 4), call="first", hint=rows),
+        Case("offs: cumulative end offsets, expert 1 gets none", (x12, ids, 4), call="third_as_int64", hint=ends),
+        Case("offs is torch.int32", (x12, ids, 4), call="dtype_of_third", hint=int32),
+        Case("experts 2..5 get no token: 6 offsets", trail, call="third_as_int64", hint=trailing),
+        Case("nothing is read back to the host (no sync on a GPU)", (x12, ids, 4), call="host_reads_of",
+             expected=[], expect_value=True, hint=sync),
         Case("k=1, random experts", (torch.randn(9, 4, generator=gen), torch.randint(0, 3, (9, 1), generator=gen), 3),
-             hint=hint),
+             hint=ends),
         Case("every token to one expert", (torch.randn(5, 3, generator=gen), torch.full((5, 2), 1), 4), hidden=True,
-             hint="empty experts still get an offset (equal to the previous one)"),
-        Case("one token", (torch.randn(1, 6, generator=gen), torch.tensor([[2, 0]]), 3), hidden=True, hint=hint),
-        Case("trailing experts with no tokens", (torch.randn(7, 5, generator=gen),
-                                                 torch.randint(0, 2, (7, 3), generator=gen), 6), hidden=True,
-             hint="offs has num_experts entries even when the last experts get no token (bincount minlength)"),
+             hint=ends),
+        Case("one token", (torch.randn(1, 6, generator=gen), torch.tensor([[2, 0]]), 3), hidden=True, hint=rows),
+        Case("trailing experts with no tokens, k=3", (torch.randn(7, 5, generator=gen),
+                                                      torch.randint(0, 2, (7, 3), generator=gen), 6),
+             call="third_as_int64", hidden=True, hint=trailing),
+        Case("k=4, many ties", (torch.randn(10, 4, generator=gen), torch.randint(0, 3, (10, 4), generator=gen), 5),
+             call="second", hidden=True, hint=order),
+        Case("no host reads, k=1, 7 experts", (torch.randn(9, 4, generator=gen),
+                                               torch.randint(0, 7, (9, 1), generator=gen), 7),
+             call="host_reads_of", expected=[], expect_value=True, hidden=True, hint=sync),
     ]
 
 
@@ -240,7 +396,11 @@ def _fallback(xs, w, offs):
 
 def _fallback_cases(gen):
     from helpers.moe import offsets_from_counts, skewed_counts
-    hint = "expert e owns rows offs[e-1]:offs[e] (the first starts at 0); an empty slice is fine"
+    hint = ("expert e owns rows offs[e-1]:offs[e] (the first starts at 0); an empty slice is fine. One 2-D "
+            "matmul per expert: grouped_mm, bmm and helpers.moe's GEMMs are what this exercise asks you to write "
+            "yourself")
+    tail = ("rows past offs[-1] belong to no expert: their output rows must be 0. Memory from an empty "
+            "allocation holds whatever was there before (this check fills it with NaN)")
     cases = []
     for experts, skew, dtype, hidden in ((4, 0.0, torch.float32, False), (8, 3.0, torch.float32, False),
                                          (6, 1.0, torch.bfloat16, False), (1, 0.0, torch.float32, True),
@@ -250,7 +410,15 @@ def _fallback_cases(gen):
         cases.append(Case(f"{experts} experts, counts {counts.tolist()}, {dtype}",
                           (torch.randn(40, 16, generator=gen).to(dtype), torch.randn(experts, 16, 8, generator=gen).to(dtype),
                            offsets_from_counts(counts)), hidden=hidden, atol=0.1 if low else 1e-4,
-                          rtol=2e-2 if low else 1e-3, hint=hint + "; keep the input's dtype"))
+                          rtol=2e-2 if low else 1e-3, call="uninitialized_is_nan",
+                          hint=hint + "; keep the input's dtype"))
+    # a capacity-padded buffer: offs[-1] < rows (each input its own allocation: F.grouped_mm wants
+    # 16-byte aligned data, which a slice of a flat buffer may not have)
+    for rows, counts, hidden in ((48, [10, 0, 20, 6], False), (33, [0, 7, 0], True), (64, [5, 9, 1, 0, 3], True)):
+        cases.append(Case(f"{len(counts)} experts own {sum(counts)} of {rows} rows", (
+            torch.randn(rows, 16, generator=gen), torch.randn(len(counts), 16, 8, generator=gen),
+            offsets_from_counts(torch.tensor(counts))), hidden=hidden, atol=1e-4, rtol=1e-3,
+            call="uninitialized_is_nan", hint=tail))
     return cases
 
 
@@ -261,7 +429,8 @@ def _expert_ffn(xs, params, offs):
 
 def _expert_ffn_cases(gen):
     from helpers.moe import offsets_from_counts, skewed_counts
-    hint = "up-projection, GELU, down-projection, each expert on its own rows only (no padding)"
+    hint = ("up-projection, GELU, down-projection, each expert on its own rows only (no padding: a padded bmm "
+            "is what this exercise asks you to write yourself without)")
     cases = []
     for rows, experts, skew, hidden in ((64, 4, 2.0, False), (48, 6, 0.0, True), (30, 5, 6.0, True)):
         params = {"w_up": torch.randn(experts, 16, 32, generator=gen) / 4,
@@ -295,6 +464,12 @@ def _kernel_cases(gen):
         gate, up = (torch.randn(shape, generator=gen) * 4).to(dtype), torch.randn(shape, generator=gen).to(dtype)
         cases.append(Case(f"shape {shape}, {dtype}", (gate, up), call="silu_mul_kernel", hidden=hidden,
                           atol=tolerance[dtype], rtol=tolerance[dtype], hint=hint))
+    chunk = ("at::parallel_for hands each call one chunk [begin, end): a loop that starts at 0 (or runs "
+             "end - begin times from 0) writes other chunks' elements too, from another thread; index from begin")
+    cases.insert(4, Case("one chunk [2050, 4099) of 4099 writes only its own elements", (4099, 2050, 4099),
+                         call="chunk_writes", expected=[2050, 4099, 2049], expect_value=True, hint=chunk))
+    cases.append(Case("a chunk [4096, 8192) writes only its own elements", (8192, 4096, 8192), call="chunk_writes",
+                      expected=[4096, 8192, 4096], expect_value=True, hidden=True, hint=chunk))
     cases.append(Case("a transposed (non-contiguous) gate", (torch.randn(40, 30, generator=gen).t(),
                                                               torch.randn(30, 40, generator=gen)),
                       call="silu_mul_kernel", hidden=True, hint=hint))
@@ -324,6 +499,8 @@ def _fake_cases(gen):
         Case("different shapes are rejected", (e(3, 5), e(3, 4)), call="on_meta", raises="ValueError", hint=reject),
         Case("different dtypes are rejected", (e(3, 5), e(3, 5, dtype=torch.float64)), call="on_meta",
              raises="ValueError", hint=reject),
+        Case("bfloat16 inputs give a bfloat16 output", (e(3, 5, dtype=torch.bfloat16), e(3, 5, dtype=torch.bfloat16)),
+             call="on_meta", hint=strides),
         Case("3-D bfloat16", (e(2, 3, 4, dtype=torch.bfloat16), e(2, 3, 4, dtype=torch.bfloat16)), call="on_meta",
              hidden=True, hint=strides),
         Case("a permuted 3-D gate", (e(4, 2, 3).permute(1, 2, 0), e(2, 3, 4)), call="on_meta", hidden=True,
@@ -340,14 +517,19 @@ def _backward(ctx, grad):
 
 def _backward_cases(gen):
     hint = ("out = g * s * up with s = sigmoid(g) and ds/dg = s * (1 - s): d/dgate is the product rule on g * s, "
-            "times up; d/dup is silu(g); multiply both by grad and return them in schema order (gate, up)")
+            "times up; d/dup is silu(g); multiply both by grad and return them in schema order (gate, up). "
+            "silu and silu_backward are refused: the formula is what this exercise asks you to write yourself")
     r = lambda *shape, dtype=torch.float32: torch.randn(*shape, generator=gen, dtype=dtype)   # noqa: E731
     return [
         Case("gradients of gate and up", (r(4, 6) * 3, r(4, 6), r(4, 6)), call="backward_of", hint=hint),
         Case("float64", (r(5, dtype=torch.float64), r(5, dtype=torch.float64), r(5, dtype=torch.float64)),
-             call="backward_of", hidden=True, atol=1e-10, rtol=1e-10, hint=hint),
+             call="backward_of", atol=1e-10, rtol=1e-10, hint=hint),
+        Case("large gates (no overflow)", (r(8) * 100, r(8), r(8)), call="backward_of", hint=hint),
         Case("gate of zeros", (torch.zeros(3, 3), r(3, 3), r(3, 3)), call="backward_of", hidden=True, hint=hint),
-        Case("large gates (no overflow)", (r(8) * 100, r(8), r(8)), call="backward_of", hidden=True, hint=hint),
+        Case("large gates, 2-D", (r(4, 5) * 300, r(4, 5), r(4, 5)), call="backward_of", hidden=True, hint=hint),
+        Case("float64, 3-D", (r(2, 3, 4, dtype=torch.float64), r(2, 3, 4, dtype=torch.float64),
+                              r(2, 3, 4, dtype=torch.float64)), call="backward_of", hidden=True, atol=1e-10,
+             rtol=1e-10, hint=hint),
     ]
 
 
@@ -360,15 +542,20 @@ def _swiglu_cases(gen):
     def weights(d, f):
         return (torch.randn(4, d, generator=gen), torch.randn(f, d, generator=gen) / 3,
                 torch.randn(f, d, generator=gen) / 3, torch.randn(d, f, generator=gen) / 3)
-    hint = "silu_mul(x @ w_gate.T, x @ w_up.T) @ w_down.T"
+    hint = ("silu_mul's first argument goes through the SiLU (the gate projection), its second multiplies it "
+            "(the up projection); the down projection comes last, on the product")
+    traced = ("torch.compile(fullgraph=True) could not trace your function in one graph, or its values or "
+              "gradients differ. Look first in swiglu_mlp for Python that needs a tensor's value while tracing "
+              "(.item(), .tolist(), bool() or an `if` on a tensor, printing a tensor): each is a graph break. "
+              "Only if the error names the fake kernel or the backward is it exercise 2 or 3 (this check uses "
+              "the ones your notebook registered)")
     return [
         Case("values", weights(8, 12), call="swiglu_values", atol=1e-4, hint=hint),
         Case("calls labs_ext.silu_mul", weights(8, 12), call="uses_silu_mul", expected=True, expect_value=True,
              hint="call torch.ops.labs_ext.silu_mul, not F.silu(...) * ...: the exercise is about your op"),
         Case("compiled with fullgraph=True: values and gradients", weights(8, 12), call="compiled_with_grads",
-             atol=1e-4, hint="a graph break or a failure in tracing: the fake kernel (exercise 2) or the autograd "
-                             "formula (exercise 3) is missing or wrong"),
-        Case("compiled, other sizes", weights(5, 7), call="compiled_with_grads", hidden=True, atol=1e-4, hint=hint),
+             atol=1e-4, hint=traced),
+        Case("compiled, other sizes", weights(5, 7), call="compiled_with_grads", hidden=True, atol=1e-4, hint=traced),
     ]
 
 
@@ -383,20 +570,26 @@ def _quantize_weight(w, bits=8):
 
 def _quantize_weight_cases(gen):
     w = torch.randn(16, 32, generator=gen) * torch.logspace(-2, 1, 16)[:, None]
-    codes = "round(w / scales[:, None]) clamped to [-qmax, qmax], qmax = 2**(bits-1) - 1, stored as torch.int8"
+    codes = ("each code is its weight divided by its row's scale, rounded to the nearest integer and clamped to "
+             "[-qmax, qmax], where qmax is the largest code `bits` signed bits can hold symmetrically (not 127 "
+             "whatever bits says); stored as torch.int8")
     zero = w.clone()
     zero[3] = 0
     return [
-        Case("one fp32 scale per row", (w,), call="second", hint="scales = w.abs().amax(dim=1) / qmax: reduce over "
-             "the inputs (dim 1), one value per output row"),
+        Case("one fp32 scale per row", (w,), call="second", hint="a row's scale maps its largest magnitude to "
+             "qmax: reduce over the inputs (the last dim), one value per output row, not one for the tensor. torch's "
+             "quantizers are refused: this exercise asks you to write yourself what they do"),
         Case("codes, within 1 of round(w / scale)", (w,), call="first_as_float", atol=1.0, rtol=0, hint=codes),
         Case("codes are torch.int8", (w,), call="dtype_of_first", hint="convert with .to(torch.int8)"),
         Case("codes are rounded, not truncated", (torch.tensor([[127.0, 10.75, -20.75, 3.25, -0.75, 0.25]]),),
              call="first_as_float", atol=0, rtol=0,
-             hint=codes + "; .to(torch.int8) without torch.round truncates every code towards zero"),
+             hint=codes + "; converting a float to int8 truncates towards zero: round first"),
         Case("bits=4: codes in [-7, 7]", (w,), {"bits": 4}, call="first_as_float", atol=1.0, rtol=0, hint=codes),
-        Case("a row of zeros: scale 0, codes 0, no NaN", (zero,), call="first_as_float", hidden=True, atol=1.0,
+        Case("a row of zeros: scale 0, codes 0, no NaN", (zero,), call="first_as_float", atol=1.0,
              rtol=0, hint="where a row's scale is 0 its codes are 0: do not divide 0 by 0"),
+        Case("two rows of zeros, bits=4", (zero * torch.tensor([0.0 if i in (0, 3) else 1.0 for i in range(16)])[:, None],),
+             {"bits": 4}, call="first_as_float", hidden=True, atol=1.0, rtol=0,
+             hint="where a row's scale is 0 its codes are 0: do not divide 0 by 0"),
         Case("rows 1000x apart", (torch.randn(4, 8, generator=gen) * torch.tensor([[1e-3], [1.0], [1e3], [1.0]]),),
              call="second", hidden=True, hint="one scale per row, not per tensor"),
         Case("bits=2", (w,), {"bits": 2}, call="first_as_float", hidden=True, atol=1.0, rtol=0, hint=codes),
@@ -421,11 +614,14 @@ def _int8_linear_cases(gen):
         Case("values (3-D input, bias)", (x3, q, scales, bias), atol=0.05, rtol=0.02, hint=shapes),
         Case("output keeps the input's dtype", (x3, q, scales, bias), call="dtype_of",
              hint="the kernel returns its input's dtype; cast back with .to(x.dtype)"),
-        Case("the kernel gets bfloat16 activations (the fast path on CPU)", (x3, q, scales, bias),
-             call="activation_dtype_of_int8_kernel", expected="torch.bfloat16", expect_value=True,
-             hint="fed fp32 activations the kernel is correct but slow (lesson 05): cast x and scales to "
-                  "torch.bfloat16 before calling torch._weight_int8pack_mm"),
-        Case("no bias", (x3, q, scales, None), atol=0.05, rtol=0.02, hidden=True, hint="bias may be None"),
+        Case("the kernel gets the activations of its fast path on this CPU", (x3, q, scales, bias),
+             call="int8_kernel_path", expected="fast path", expect_value=True,
+             hint="on x86 CPUs (AVX2, AVX512) the kernel is vectorized for bfloat16 activations only: fed fp32 "
+                  "activations it is correct but runs a scalar loop (lesson 05). Hand it bfloat16 activations and "
+                  "scales; on ARM CPUs both dtypes are vectorized and either passes"),
+        Case("no bias", (x3, q, scales, None), atol=0.05, rtol=0.02, hint="bias may be None"),
+        Case("no bias, 2-D input", (torch.randn(6, 32, generator=gen), q, scales, None), atol=0.05, rtol=0.02,
+             hidden=True, hint="bias may be None"),
         Case("batch 1 (a 1-row 2-D input)", (torch.randn(1, 32, generator=gen), q, scales, bias), atol=0.05,
              rtol=0.02, hidden=True, hint=shapes),
     ]
@@ -461,17 +657,22 @@ def _quantize_model_cases(gen):
     seed = int(torch.randint(0, 1000, (), generator=gen))
     return [
         Case("every nn.Linear replaced", (64, seed), call="linears_left", expected=0, expect_value=True,
-             hint="walk named_children() recursively and setattr each nn.Linear to MyInt8Linear(child)"),
+             hint="walk named_children() recursively and setattr each nn.Linear to MyInt8Linear(child); "
+                  "library quantizers (torch.ao's quantize_dynamic, helpers.quant's layer and swap) are refused: "
+                  "the walk is what this exercise asks you to write yourself"),
         Case("the fp32 model is left untouched", (64, seed), call="original_untouched", expected=True,
              expect_value=True, hint="copy.deepcopy(model) first, then replace the copy's layers"),
         Case("argmax agrees with fp32 on 97% of inputs", (64, seed, 500), call="agreement_with_fp32", expected=True,
              expect_value=True, hint="one scale per output row (per channel): this model's rows differ by 1000x"),
         Case("at least 3x smaller", (64, seed), call="at_least_3x_smaller", expected=True, expect_value=True,
              hint="store int8 codes and one scale per row, not a float copy of the weight"),
+        Case("a nested model: the Linears one level down", (64, seed), {"nested": True}, call="linears_left",
+             expected=0, expect_value=True,
+             hint="walk named_children() recursively: a child that is not an nn.Linear may hold Linears"),
         Case("another model, 97% agreement", (32, seed + 1, 500), call="agreement_with_fp32", expected=True,
              expect_value=True, hidden=True, hint="one scale per output row"),
-        Case("a nested model: the Linears one level down", (64, seed), {"nested": True}, call="linears_left",
-             expected=0, expect_value=True, hidden=True,
+        Case("another nested model", (32, seed + 2), {"nested": True}, call="linears_left", expected=0,
+             expect_value=True, hidden=True,
              hint="walk named_children() recursively: a child that is not an nn.Linear may hold Linears"),
     ]
 
@@ -530,9 +731,13 @@ def _ops_dispatched(q, k, v, **kwargs):
 def _ops_cases(gen):
     x = torch.randn(1, 2, 32, 16, generator=gen)
     hint = "append func.name() for every op in __torch_dispatch__, call func, and pass every keyword to SDPA"
+    v_narrow = torch.randn(1, 2, 32, 8, generator=gen)
     return [
         Case("the default choice", (x, x, x), call="backend_of", hint=hint),
         Case("dropout", (x, x, x), {"dropout_p": 0.2}, call="backend_of", hint=hint),
+        Case("v of another head dim: MATH without dropout", (x, x, v_narrow), call="backend_of",
+             hint="return the ops that really ran, recorded in __torch_dispatch__: the backend is read off them, "
+                  "never guessed from the arguments (here no dropout, yet the fused CPU kernel declines)"),
         Case("a boolean mask", (x, x, x), {"attn_mask": torch.ones(32, 32, dtype=torch.bool).tril()},
              call="backend_of", hidden=True, hint=hint),
         Case("causal, float64", (x.double(), x.double(), x.double()), {"is_causal": True}, call="backend_of",
@@ -556,20 +761,57 @@ def _bucketed(seqs, n_buckets):
 def _bucket_cases(gen):
     lengths = [int(n) for n in torch.randint(1, 60, (7,), generator=gen)]
     seqs = lambda ls: [torch.randn(n, 2, 4, generator=gen) for n in ls]   # noqa: E731
-    runs = ("sort the sequences by length, split the sorted list into exactly n_buckets runs (tensor_split; "
-            "chunk can return fewer) and call attention.padded_attention once per non-empty bucket")
+    runs = ("sort the sequences by length first: a bucket of consecutive lengths pads least; call "
+            "attention.padded_attention once per bucket")
+    exact = ("the number of padded_attention calls must be n_buckets: a split by a bucket size rounded up (what "
+             "torch.chunk does) leaves the last buckets empty, one rounded down leaves sequences out; split "
+             "by the number of buckets")
+    empty = ("with fewer sequences than buckets, some buckets are empty: skip them (padded_attention of an empty "
+             "list fails), and still return one output per sequence")
     order = "remember each sequence's index when you sort, and put its output back there"
+    few = [int(n) for n in torch.randint(1, 30, (2,), generator=gen)]
+    nine = [int(n) for n in torch.randint(1, 60, (9,), generator=gen)]
     return [
         Case("values, in the original order", (seqs(lengths), 2), atol=1e-4, hint=order),
         Case("each bucket holds consecutive lengths", (seqs([40, 3, 35, 30, 5, 2]), 2), call="buckets_are_sorted_runs",
              expected=True, expect_value=True, hint=runs),
+        Case("4 buckets for 6 sequences: exactly 4 runs", (seqs([12, 50, 7, 33, 21, 3]), 4),
+             call="buckets_are_sorted_runs", expected=True, expect_value=True, hint=exact),
+        Case("more buckets than sequences", (seqs([4, 9]), 3), atol=1e-4, hint=empty),
         Case("3 buckets, values", (seqs(lengths), 3), atol=1e-4, hidden=True, hint=order),
         Case("3 buckets hold consecutive lengths", (seqs(lengths), 3), call="buckets_are_sorted_runs", expected=True,
              expect_value=True, hidden=True, hint=runs),
-        Case("more buckets than sequences", (seqs([4, 9]), 3), atol=1e-4, hidden=True,
-             hint="with fewer sequences than buckets, some buckets are empty: skip them"),
-        Case("4 buckets for 6 sequences", (seqs([12, 50, 7, 33, 21, 3]), 4), call="buckets_are_sorted_runs",
-             expected=True, expect_value=True, hidden=True, hint=runs),
+        Case("more buckets than sequences, other lengths", (seqs(few), len(few) + 2), atol=1e-4, hidden=True,
+             hint=empty),
+        Case("4 buckets for 9 sequences: exactly 4 runs", (seqs(nine), 4), call="buckets_are_sorted_runs",
+             expected=True, expect_value=True, hidden=True, hint=exact),
+    ]
+
+
+def _prefix_lm_mask_mod(lengths, prefix):
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    starts = torch.tensor([0] + list(lengths)).cumsum(0)[:-1]
+    position = torch.arange(sum(lengths)) - starts[doc]        # each token's position inside its document
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & ((kv_idx <= q_idx) | (position[kv_idx] < prefix))
+    return mask_mod
+
+
+def _prefix_lm_cases(gen):
+    causal = ("a token sees the keys of its own document up to and including itself; build the condition from "
+              "tensor comparisons joined with & and | (no Python if, and, or: mask_mod runs once, under vmap, on "
+              "index tensors)")
+    prefix = ("the prefix is the first `prefix` tokens of EACH document, counted from that document's start (a "
+              "position inside the document, not in the packed row), and only tokens of the same document see it")
+    lengths = [int(n) for n in torch.randint(1, 12, (5,), generator=gen)]
+    return [
+        Case("prefix 0: causal inside each document", ([4, 3, 5], 0), call="dense_mask", hint=causal),
+        Case("a prefix of 2 in each document", ([4, 3, 5], 2), call="dense_mask", hint=prefix),
+        Case("a document shorter than the prefix", ([2, 6, 1], 3), call="dense_mask", hint=prefix),
+        Case("random lengths, prefix 0", (lengths, 0), call="dense_mask", hidden=True, hint=causal),
+        Case("random lengths, prefix 3", (lengths, 3), call="dense_mask", hidden=True, hint=prefix),
+        Case("one document", ([9], 4), call="dense_mask", hidden=True, hint=prefix),
     ]
 
 
@@ -584,37 +826,59 @@ def _predicted_bytes(model):
 
 
 def _predicted_cases(gen):
-    hint = ("numel() * element_size() per parameter; gradients and Adam's two moments only for trainable "
-            "parameters (requires_grad), in their dtype; plus a 4-byte float32 step per trainable tensor")
+    frozen = ("a frozen parameter is stored but gets no gradient and no optimizer state: count gradients and "
+              "Adam's state over the parameters with requires_grad only")
+    dtype = ("a parameter's bytes depend on its dtype: a bfloat16 element takes 2 bytes, not 4; a gradient and "
+             "Adam's moments take the dtype of their parameter (only the step counter is float32)")
+    adam = ("Adam keeps more per trainable parameter than one tensor: reread what the exercise lists (and the "
+            "lesson's reveal), the per-tensor counter included")
+    width, depth = (int(v) for v in torch.randint(24, 64, (2,), generator=gen))
+    depth = 2 + depth % 3
     return [
-        Case("float32, every layer trainable", (32, 3, 0, "float32"), call="predict_for", hint=hint),
-        Case("the first 2 layers frozen", (32, 3, 2, "float32"), call="predict_for", hint=hint),
-        Case("bfloat16 parameters", (48, 2, 1, "bfloat16"), call="predict_for", hidden=True, hint=hint),
-        Case("everything frozen but the head", (16, 4, 4, "float32"), call="predict_for", hidden=True, hint=hint),
+        Case("float32, every layer trainable", (32, 3, 0, "float32"), call="predict_for",
+             hint=adam + " (the profiler is refused: the prediction is what this exercise asks you to write yourself)"),
+        Case("the first 2 layers frozen", (32, 3, 2, "float32"), call="predict_for", hint=frozen),
+        Case("bfloat16 parameters", (48, 2, 1, "bfloat16"), call="predict_for", hint=dtype),
+        Case("bfloat16, another model", (width, depth, 1, "bfloat16"), call="predict_for", hidden=True, hint=dtype),
+        Case("everything frozen but the head", (16, 4, 4, "float32"), call="predict_for", hidden=True, hint=frozen),
     ]
 
 
-def _at_peak(tl):
-    totals = [sum(col) for col in zip(*tl["bytes"].values())]
-    i = totals.index(max(totals))
-    return tl["times_us"][i], {name: values[i] for name, values in tl["bytes"].items()}
+def _keep_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+    # keep a matmul's output only where it is wider than the matmul's input: up's and gate's, which
+    # backward reads (gelu's and mul's backward); down's output is read by no backward formula
+    if op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and args[-1].shape[-1] > args[-2].shape[-1]:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _at_peak_cases(gen):
-    def timeline(n, categories=("parameter", "activation", "gradient")):
-        return {"times_us": sorted(int(t) for t in torch.randint(0, 10_000, (n,), generator=gen).unique()[:n]),
-                "bytes": {c: [int(b) for b in torch.randint(0, 1000, (n,), generator=gen)] for c in categories}}
-    hint = "sum the categories at each index, take the FIRST index of the maximum; report every category there"
-    tie = {"times_us": [10, 20, 30, 40], "bytes": {"a": [1, 5, 2, 5], "b": [0, 0, 3, 0]}}
-    tl = timeline(8)
-    tl["times_us"] = list(range(0, 80, 10))
-    return [
-        Case("a random timeline", (tl,), hint=hint),
-        Case("a tie: the first moment", (tie,), hint=hint),
-        Case("the peak at the last moment", ({"times_us": [1, 2, 3], "bytes": {"x": [1, 2, 9]}},), hidden=True,
-             hint=hint),
-        Case("one moment", ({"times_us": [7], "bytes": {"x": [3], "y": [4]}},), hidden=True, hint=hint),
+def _keep_policy_cases(gen):
+    recomputes = ("backward recomputed a matmul: an output that backward reads and that you let be recomputed is "
+                  "rebuilt from its inputs, and if a matmul made it, that is a matmul redone. Keep the matmul "
+                  "outputs that backward needs; let only the cheap pointwise ops be recomputed")
+    too_much = ("your policy keeps as many bytes as saving every matmul output, or more: at least one output it "
+                "keeps is read by no backward formula. Recomputation stops once it has rebuilt the last tensor "
+                "backward needs, so keeping such an output saves no work and costs its bytes in every block. Go "
+                "through the block op by op and ask which saved tensor each op's backward reads")
+    sizes = [(48, 2, 96), (64, 4, 200)]
+    cases = [
+        Case("no matmul recomputed in backward (width 32, 3 blocks, batch 128)", (32, 3, 128),
+             call="matmul_flops_recomputed", expected=0, expect_value=True,
+             hint=recomputes + " (memory.save_matmuls is refused: the policy is what this exercise asks you to "
+                               "write yourself)"),
+        Case("fewer bytes kept than save_matmuls (width 32, 3 blocks, batch 128)", (32, 3, 128),
+             call="keeps_fewer_bytes_than_save_matmuls", expected=True, expect_value=True, hint=too_much),
     ]
+    for width, depth, batch in sizes:
+        cases += [
+            Case(f"no matmul recomputed (width {width}, {depth} blocks, batch {batch})", (width, depth, batch),
+                 call="matmul_flops_recomputed", expected=0, expect_value=True, hidden=True, hint=recomputes),
+            Case(f"fewer bytes kept than save_matmuls (width {width}, {depth} blocks, batch {batch})",
+                 (width, depth, batch), call="keeps_fewer_bytes_than_save_matmuls", expected=True,
+                 expect_value=True, hidden=True, hint=too_much),
+        ]
+    return cases
 
 
 def _accumulate(model, x, y, micro):
@@ -626,28 +890,46 @@ def _accumulate(model, x, y, micro):
 
 def _accumulate_cases(gen):
     seed = int(torch.randint(0, 1000, (), generator=gen))
-    hint = ("mse_loss is a mean over its chunk: weight each chunk's loss by its share of the batch "
-            "(chunk rows / batch rows)")
+    weights = ("mse_loss is a mean over its own chunk: the sum of the chunks' losses is not the batch's mean "
+               "loss until each chunk counts in proportion to the rows it holds")
+    unequal = ("with unequal chunks, dividing by the number of chunks gives a small chunk the weight of a large "
+               "one: weight each chunk by its share of the batch's rows instead")
+    stale = ("the parameters held gradients from an earlier step, and yours were added to them: clear them once, "
+             "before the first chunk")
+    last = ("only the last chunk's gradients are left: clearing the gradients inside the loop throws away what "
+            "the earlier chunks accumulated; clear them once, before the loop")
+    once = ("backward ran fewer times than there are chunks: summing the chunks' losses and calling backward "
+            "once keeps every chunk's activations alive until the end, the memory accumulation is meant to save. "
+            "Call backward on each chunk's loss inside the loop")
     return [
-        Case("4 equal chunks", (16, 2, 32, 4, seed), call="accumulated_grads", atol=1e-5, hint=hint),
+        Case("4 equal chunks", (16, 2, 32, 4, seed), call="accumulated_grads", atol=1e-5, hint=weights),
         Case("a batch that 4 does not divide (10 rows)", (16, 2, 10, 4, seed), call="accumulated_grads", atol=1e-5,
-             hint=hint),
+             hint=unequal),
         Case("gradients left from an earlier step are not added", (8, 2, 12, 3, seed), {"stale_grads": True},
-             call="accumulated_grads", atol=1e-5, hidden=True,
-             hint="start from zero gradients: model.zero_grad(set_to_none=True) before the first chunk"),
-        Case("one chunk", (8, 3, 9, 1, seed), call="accumulated_grads", atol=1e-5, hidden=True, hint=hint),
-        Case("7 rows in 3 chunks", (12, 2, 7, 3, seed), call="accumulated_grads", atol=1e-5, hidden=True, hint=hint),
+             call="accumulated_grads", atol=1e-5, hint=stale),
+        Case("every chunk counts, not only the last", (16, 2, 32, 4, seed), call="only_last_chunk_counts",
+             expected=False, expect_value=True, hint=last),
+        Case("one backward per chunk", (16, 2, 10, 4, seed), call="accumulations_per_parameter", expected=4,
+             expect_value=True, hint=once),
+        Case("one chunk", (8, 3, 9, 1, seed), call="accumulated_grads", atol=1e-5, hidden=True, hint=weights),
+        Case("7 rows in 3 chunks", (12, 2, 7, 3, seed), call="accumulated_grads", atol=1e-5, hidden=True, hint=unequal),
+        Case("stale gradients, 7 rows in 3 chunks", (12, 2, 7, 3, seed + 1), {"stale_grads": True},
+             call="accumulated_grads", atol=1e-5, hidden=True, hint=stale),
+        Case("one backward per chunk, 3 chunks", (12, 2, 7, 3, seed), call="accumulations_per_parameter", expected=3,
+             expect_value=True, hidden=True, hint=once),
     ]
 
 
 # --- Lab 08: debugging ---------------------------------------------------------------------------
 
 def _first_difference(a, b, rtol=0.0):
+    import math
     if [n for n, _ in a] != [n for n, _ in b]:
         raise ValueError("the traces dispatched different ops")
     for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
-        if any(abs(p - q) > rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
-            return i
+        for p, q in zip(ha, hb):
+            if math.isnan(p) != math.isnan(q) or abs(p - q) > rtol * max(abs(p), abs(q)):
+                return i
     return None
 
 
@@ -657,22 +939,35 @@ def _trace_cases(gen):
     trace = [(names[i % 5], (values[2 * i], values[2 * i + 1])) for i in range(5)]
     changed = lambda i, j, f: [(n, tuple(h * f if (k, m) == (i, j) else h for m, h in enumerate(hs)))   # noqa: E731
                                for k, (n, hs) in enumerate(trace)]
-    hint = "compare every hash of each op, in order; differ means |p - q| > rtol * max(|p|, |q|)"
+    nan_at = lambda t, i: [(n, tuple(float("nan") if k == i else h for h in hs)) if k >= i else (n, hs)  # noqa: E731
+                           for k, (n, hs) in enumerate(t)]
+    hint = ("compare every hash of each op, in order; two hashes differ when the gap between them is larger "
+            "than rtol times the larger of their magnitudes")
+    nan = ("a NaN compares False with everything, so |p - q| > t is False when p or q is NaN: a NaN hash in one "
+           "trace and a number in the other must count as a difference, tested on its own")
     scaled = [(n, tuple(h * 1e4 for h in hs)) for n, hs in trace]
     return [
-        Case("identical traces", (trace, trace), hint="return None when nothing differs"),
+        Case("identical traces", (trace, trace), hint="when nothing differs, there is no index to return"),
         Case("the op that differs first", (trace, changed(3, 0, 1 + 1e-4)), hint=hint),
         Case("rtol is relative", (trace, changed(3, 0, 1 + 1e-4)), {"rtol": 1e-2}, hint=hint),
         Case("rtol is relative, not absolute (hashes near 1e6)", (scaled, [(n, tuple(h * (1 + 1e-4) if i == 3 else h
              for h in hs)) for i, (n, hs) in enumerate(scaled)]), {"rtol": 1e-2}, hint=hint),
         Case("different programs are refused", (trace, trace[:-1] + [("aten.cos.default", (0.0,))]),
              raises="ValueError", hint="compare the op names of the two traces first"),
-        Case("a difference in the first op", (trace, changed(0, 1, 2.0)), hidden=True, hint=hint),
-        Case("only the second hash differs", (trace, changed(2, 1, 1.5)), hidden=True,
+        Case("a NaN in one trace differs from a number", (trace, nan_at(trace, 2)), {"rtol": 1e-2}, hint=nan),
+        Case("NaN in both traces is not a difference", (nan_at(trace, 1), nan_at(trace, 1)), hint=(
+            "the two runs agree when both hashes are NaN: only NaN against a number is a difference")),
+        Case("only the second hash differs", (trace, changed(2, 1, 1.5)),
              hint="check every hash of an op, not only the first"),
-        Case("traces of different lengths are refused", (trace, trace[:3]), raises="ValueError", hidden=True,
+        Case("traces of different lengths are refused", (trace, trace[:3]), raises="ValueError",
              hint="a shorter trace dispatched different ops: compare the whole list of names"),
-        Case("empty traces", ([], []), hidden=True, hint="nothing differs: None"),
+        Case("a difference in the first op", (trace, changed(0, 1, 2.0)), hidden=True, hint=hint),
+        Case("only the second hash differs, another op", (trace, changed(4, 1, 0.5)), hidden=True,
+             hint="check every hash of an op, not only the first"),
+        Case("a NaN in the first op", (nan_at(trace, 0), trace), hidden=True, hint=nan),
+        Case("a longer second trace is refused", (trace[:2], trace), raises="ValueError", hidden=True,
+             hint="a longer trace dispatched different ops: compare the whole list of names"),
+        Case("empty traces", ([], []), hidden=True, hint="nothing differs: there is no index to return"),
     ]
 
 
@@ -682,15 +977,32 @@ def _safe_normalize(v, eps=1e-12):
 
 def _normalize_cases(gen):
     v = torch.tensor([[3.0, 4.0], [0.0, 0.0], [1e-3, 0.0]])
-    grads = "clamp the norm from below (clamp_min(eps)) instead of adding eps under a square root of zero"
+    values = ("F.normalize divides each row (the last dimension) by its norm, but never by less than eps: "
+              "a zero row stays zero instead of 0 / 0")
+    eps = ("eps is the smallest value the norm may take, not an amount added to it: rows whose norm is below "
+           "eps are divided by eps itself")
+    nan = ("the gradient at the zero row is NaN although your norm is clamped: sqrt's derivative at 0 is "
+           "infinite, and backward multiplies it by the zero that the clamp passes back (or by the zero row), "
+           "and inf * 0 is NaN. A clamp after the square root cannot help; the square root's own backward must "
+           "never see 0. Anomaly mode (torch.autograd.detect_anomaly) names the op")
+    grads = ("the gradient at the zero row is not F.normalize's: below eps the function is v / eps, and so is "
+             "its gradient. Adding eps under the square root gives a different function near zero (NaN "
+             "gradients: see the finite-gradient check first)")
     z = torch.randn(2, 3, 4, generator=gen)
     z[1, 2] = 0
     return [
-        Case("values", (v,), hint="v / max(norm(v, last dim), eps)"),
-        Case("finite gradients, a zero row included", (v,), call="grad_of_sum", rtol=1e-3, hint=grads),
-        Case("1-D input", (torch.randn(5, generator=gen),), hidden=True, hint="normalise the last dimension"),
+        Case("values", (v,), hint=values + " (normalize is refused: it is what this exercise asks you to write "
+                                            "yourself)"),
+        Case("a larger eps", (v,), {"eps": 1e-2}, hint=eps),
+        Case("finite gradients at a zero row", (v,), call="grad_is_finite", expected=True, expect_value=True,
+             hint=nan),
+        Case("F.normalize's gradients, a zero row included", (v,), call="grad_of_sum", rtol=1e-3, hint=grads),
+        Case("1-D input", (torch.randn(5, generator=gen),), hidden=True, hint=values),
+        Case("3-D with a zero row: finite gradients", (z,), call="grad_is_finite", expected=True, expect_value=True,
+             hidden=True, hint=nan),
         Case("3-D with a zero row: gradients", (z,), call="grad_of_sum", rtol=1e-3, hidden=True, hint=grads),
-        Case("a larger eps", (v,), {"eps": 1e-2}, hidden=True, hint="use eps as the norm's lower bound"),
+        Case("a larger eps: gradients", (v[[0, 2]],), {"eps": 1e-2}, call="grad_of_sum", rtol=1e-3, hidden=True,
+             hint=eps),
     ]
 
 
@@ -700,8 +1012,8 @@ def _prepare(batch):
 
 
 def _prepare_cases(gen):
-    hint = ("mark_dynamic(batch, 0) still specialises sizes 0 and 1 (a batch of 1 recompiles, or raises with "
-            "min=1): torch._dynamo.decorators.mark_unbacked(batch, 0) makes the size a symbol for every value")
+    hint = ("mark_dynamic still specialises sizes 0 and 1: a batch of 1 recompiles, or raises with min=1. "
+            "Look in torch._dynamo.decorators for the marking that makes a size a symbol for every value")
     return [
         Case("no recompiles for sizes 8, 9, 100, 3", ((8, 9, 100, 3),), call="recompiles", expected=0,
              expect_value=True, hint="mark the batch dimension (0) dynamic before each call"),
@@ -712,30 +1024,62 @@ def _prepare_cases(gen):
     ]
 
 
+class _VectorHead(torch.nn.Module):
+    """TokenHead's forward over the whole batch at once, with TokenHead's own projection."""
+
+    def __init__(self, proj):
+        super().__init__()
+        self.proj = proj
+
+    def forward(self, x):
+        return self.proj((x - x.mean(1, keepdim=True)) / (x.std(1, keepdim=True) + 1e-5)).amax(1)
+
+
 def _export_and_reload(module, example, path):
     batch = torch.export.Dim("batch", min=1, max=512)
-    torch.export.save(torch.export.export(module, (example,), dynamic_shapes=({0: batch},)), path)
+    program = torch.export.export(_VectorHead(module.proj), (example,), dynamic_shapes=({0: batch},))
+    torch.export.save(program, path)
     return torch.export.load(path).module()
 
 
 def _export_cases(gen):
     seed = int(torch.randint(0, 1000, (), generator=gen))
-    dynamic = ("without dynamic_shapes, torch.export specialises the batch size to the example's: export with "
-               "dynamic_shapes=({0: torch.export.Dim('batch', min=1, max=512)},)")
+    loop = ("torch.export refused the batch dimension you declared dynamic: the forward's Python loop over "
+            "range(batch) runs once per example while export traces it, so the program can only have the "
+            "example's batch size. Write the forward without the loop, with ops that work on every example of "
+            "the batch at once, and export that")
+    values = ("the exported program does not compute what TokenHead computes for each example: the same "
+              "statistics over the same dimension (the tokens, per example and per feature), the same "
+              "projection, the same maximum")
+    dynamic = ("by default torch.export specialises every dimension to the example's size, and the loaded "
+               "program refuses other batch sizes: declare the batch dimension dynamic, with "
+               "dynamic_shapes and a torch.export.Dim. (with Dim.AUTO, export quietly specialises whatever the "
+               "code makes constant; a Dim with a range makes it say what did)")
+    saved = ("nothing loadable at `path`, or a program that does not take these batches: save the exported "
+             "program there (torch.export.save) and return what loading it gives")
     return [
-        Case("the example's batch", (seed, 8, [8]), call="exported_outputs", atol=1e-5,
-             hint="export.export(module, (example,)), export.save(program, path), export.load(path).module()"),
+        Case("export accepts the batch as dynamic (a loop-free forward)", (seed, 8), call="export_specialised_the_batch",
+             expected=False, expect_value=True,
+             hint=loop + " (torch.jit is refused: the export is what this exercise asks you to write yourself)"),
+        Case("returns the loaded module (callable)", (seed, 8), call="returns_a_module", expected=True,
+             expect_value=True, hint=("return what .module() of the loaded program gives: an ExportedProgram "
+                                      "itself cannot be called")),
+        Case("the example's batch", (seed, 8, [8]), call="exported_outputs", atol=1e-5, hint=values),
         Case("other batch sizes: 5, 1, 512", (seed, 8, [5, 1, 512]), call="exported_outputs", atol=1e-5,
              hint=dynamic),
-        Case("an example of batch 3, then 64", (seed + 1, 3, [64, 2]), call="exported_outputs", atol=1e-5,
+        Case("the program saved at path takes batches 5, 1, 512", (seed, 8, [5, 1, 512]), call="saved_program_outputs",
+             atol=1e-5, hint=saved),
+        Case("an example of batch 3, then 64 and 2", (seed + 1, 3, [64, 2]), call="exported_outputs", atol=1e-5,
              hidden=True, hint=dynamic),
+        Case("the saved program, an example of batch 3", (seed + 1, 3, [64, 2]), call="saved_program_outputs",
+             atol=1e-5, hidden=True, hint=saved),
     ]
 
 
 SPECS.update({spec.lab: spec for spec in (
     LabSpec("01_data_loading_lab", (
         Exercise("Exercise 1: augment", "augment", _augment_cases, augment),
-        Exercise("Exercise 2: fast_pipeline", "fast_pipeline", _fast_pipeline_cases, _fast_pipeline,
+        Exercise("Exercise 2: ordered_map", "ordered_map", _ordered_map_cases, _ordered_map,
                  forbidden=("helpers.data.thread_map", "helpers.data.serial_map", "helpers.data.dataloader",
                             "helpers.data.nodes_loader")),
     )),
@@ -744,10 +1088,18 @@ SPECS.update({spec.lab: spec for spec in (
                  forbidden=("helpers.fusion.combo_grid",)),
         Exercise("Exercise 2: the combo kernel's dispatch", "launch_three_part", _combo_launch_cases, _combo_reference,
                  forbidden=("helpers.fusion.combo_reference", "helpers.fusion.combo_launch")),
-        Exercise("Exercise 3: predicted kernel counts", "predicted_kernel_functions",
-                 lambda gen: [Case("the four functions", (), call="no_args",
-                                   hint="on the CPU, Inductor's C++ backend puts consecutive loops into one "
-                                        "function; only a library call (extern_kernels.mm) splits them")],
+        Exercise("Exercise 3: plan the combo launch", "plan_combo_launch", _combo_plan_cases, _combo_plan,
+                 forbidden=("helpers.fusion.inductor_combo_dispatch_strategy", "helpers.fusion.combo_dispatch_strategy",
+                            "helpers.fusion.combo_utilization", "helpers.fusion.round_robin_grid",
+                            "helpers.fusion.inductor_dispatch_code",
+                            "torch._inductor.codegen.triton_combo_kernel.ComboKernel")),
+        Exercise("Exercise 4: predicted kernel counts", "predicted_kernel_functions",
+                 lambda gen: [Case("the four functions", (), call="sealed_counts",
+                                   hint="the name in brackets is a function you predicted wrong (both counts shown "
+                                        "sealed, so as not to give them away): on the CPU, Inductor's "
+                                        "C++ backend puts consecutive loops into one function, and only a call it "
+                                        "does not generate itself splits them; reread each function for one, and predict "
+                                        "without running torch.compile")],
                  _kernel_counts,
                  forbidden=("helpers.fusion.inspect_compiled", "torch.compile",
                             "torch._inductor.utils.run_and_get_code")),
@@ -756,8 +1108,8 @@ SPECS.update({spec.lab: spec for spec in (
         Exercise("Exercise 1: permute_tokens", "permute_tokens", _permute_cases, _permute,
                  forbidden=("helpers.moe.permute",)),
         Exercise("Exercise 2: fallback_grouped_gemm", "fallback_grouped_gemm", _fallback_cases, _fallback,
-                 forbidden=("grouped_mm", "_grouped_mm", "helpers.moe.loop_gemm", "helpers.moe.grouped_gemm",
-                            "helpers.moe.triton_gemm")),
+                 forbidden=("grouped_mm", "_grouped_mm", "bmm", "baddbmm", "helpers.moe.loop_gemm",
+                            "helpers.moe.grouped_gemm", "helpers.moe.triton_gemm", "helpers.moe.padded_bmm")),
         Exercise("Exercise 3: expert_ffn without padding", "expert_ffn", _expert_ffn_cases, _expert_ffn,
                  forbidden=("bmm", "baddbmm", "helpers.moe.padded_bmm", "helpers.moe.moe_layer")),
     )),
@@ -776,7 +1128,10 @@ SPECS.update({spec.lab: spec for spec in (
         Exercise("Exercise 2: int8_linear", "int8_linear", _int8_linear_cases, _int8_linear,
                  forbidden=("helpers.quant.Int8WeightOnlyLinear",)),
         Exercise("Exercise 3: quantize_model", "quantize_model", _quantize_model_cases, _quantize_model,
-                 forbidden=("helpers.quant.swap_linears",)),
+                 forbidden=("helpers.quant.swap_linears", "helpers.quant.Int8WeightOnlyLinear",
+                            "torch.ao.quantization.quantize_dynamic", "torch.ao.quantization.quantize_dynamic_jit",
+                            "quantize_per_channel", "quantize_per_tensor",
+                            "quantize_per_tensor_dynamic")),
     )),
     LabSpec("06_attention_lab", (
         Exercise("Exercise 1: key_mask", "key_mask", _key_mask_cases, _key_mask,
@@ -786,12 +1141,15 @@ SPECS.update({spec.lab: spec for spec in (
                  forbidden=("helpers.attention.OpNames", "helpers.attention.backend_that_runs",
                             "helpers.attention.backend_report")),
         Exercise("Exercise 4: bucketed_attention", "bucketed_attention", _bucket_cases, _bucketed),
+        Exercise("Exercise 5: a prefix-LM document mask", "prefix_lm_mask_mod", _prefix_lm_cases,
+                 _prefix_lm_mask_mod),
     )),
     LabSpec("07_memory_lab", (
         Exercise("Exercise 1: predicted_bytes", "predicted_bytes", _predicted_cases, _predicted_bytes,
                  forbidden=("helpers.memory.profile_steps", "helpers.memory.timeline")),
-        Exercise("Exercise 2: at_peak", "at_peak", _at_peak_cases, _at_peak,
-                 forbidden=("helpers.memory.peak_bytes", "helpers.memory.total_bytes")),
+        Exercise("Exercise 2: keep_policy", "keep_policy", _keep_policy_cases, _keep_policy,
+                 forbidden=("helpers.memory.save_matmuls", "helpers.memory.gated_stack",
+                            "helpers.memory.checkpoint_comparison")),
         Exercise("Exercise 3: accumulate_grads", "accumulate_grads", _accumulate_cases, _accumulate),
     )),
     LabSpec("08_debugging_lab", (

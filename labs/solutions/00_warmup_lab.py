@@ -3,16 +3,18 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | how a lab works: write code where a stub raises `NotImplementedError`, run the check below it, read its hint |
+# | **What you will learn** | how a lab works: write code where a stub raises `NotImplementedError`, run the check below it, read its hint; what a softmax must do with a fully masked row; how to write a function that runs on any device without reading values back to Python |
 # | **Prerequisites** | lesson 00 |
-# | **Hardware** | any CPU; the same code runs on any accelerator |
-# | **Time** | 10 minutes |
+# | **Hardware** | any CPU; exercise 1 is also checked on the meta device, which shows whether the code would run on an accelerator unchanged |
+# | **Time** | 15 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. A check prints `✅ ... passed`, or stops with `❌` and
 # a hint saying what was wrong (type, shape, dtype, values). `check(LAB, function)` runs the visible
 # cases of the lab's grading spec (`helpers/runner/grading_specs.py`); `python -m helpers grade` runs the
-# same cases plus hidden ones (other sizes, dtypes, edge cases the task states) on a secret seed.
+# same cases plus hidden ones on a secret seed: other sizes, dtypes and values, never a requirement the
+# text does not state. To grade your own notebook as the instructor does, put it in a folder and run
+# `python -m helpers grade 00_warmup_lab FOLDER`.
 
 # %% tags=["parameters"]
 QUICK = False   # quick mode: small sizes (papermill: -p QUICK True)
@@ -29,22 +31,46 @@ torch.manual_seed(0);
 
 
 # %% [markdown]
-# ## Exercise 1: a numerically stable softmax
+# ## Exercise 1: a numerically stable softmax that survives a fully masked row
 #
-# Write `softmax(x, dim)` with plain tensor operations (no `torch.softmax`). Subtract the maximum
-# along `dim` before `exp`, or large inputs overflow to `inf` and the result becomes `nan`.
+# Write `softmax(x, dim)` with plain tensor operations (no `torch.softmax`):
+#
+# - subtract the maximum along `dim` before `exp`, or large inputs overflow to `inf` and the result
+#   becomes `nan`;
+# - reduce along `dim` (any dimension, not only the last);
+# - a row (a slice along `dim`) whose every entry is `-inf` gives all zeros. Attention masks padding with
+#   `-inf`, and a query whose every key is padding produces such a row; `torch.softmax` returns `nan`
+#   there, and the `nan` then spreads through everything computed from it. Work out what the stable recipe
+#   computes in that row, step by step, and change only what goes wrong; a row with some `-inf` entries
+#   must still give 0 exactly there;
+# - keep `x`'s dtype and device, and run on any device: make new tensors from `x` (or use Python numbers),
+#   and never read a value back to Python (`bool(...)`, `.item()`, an `if` on a tensor), which on an
+#   accelerator waits for the device. The check runs your function once on the `meta` device, which has
+#   shapes and dtypes but no values: code that makes a tensor on a fixed device or reads a value fails
+#   there.
 
 # %%
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     ### BEGIN SOLUTION
-    shifted = x - x.amax(dim=dim, keepdim=True)
-    e = shifted.exp()
-    return e / e.sum(dim=dim, keepdim=True)
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)    # fully masked: -inf - (-inf) would be nan
+    e = (x - m).exp()                                             # there every exp is 0 ...
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s == 0, torch.ones_like(s), s)         # ... and 0 / 1 keeps the row at 0
     ### END SOLUTION
 
 
 # %% tags=["nbval-check-output"]
 check("00_warmup_lab", softmax)
+
+# %% [markdown]
+# The same function on `DEVICE`, with a padded batch of attention scores: the second query's keys are
+# all padding.
+
+# %%
+scores = torch.randn(2, 4, device=DEVICE)
+scores[1] = float("-inf")
+print(DEVICE, softmax(scores, dim=-1).cpu())
 
 
 # %% [markdown]

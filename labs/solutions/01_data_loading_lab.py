@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | to find and remove the shared state that breaks a transform on threads (a shared buffer, the global RNG); to seed per item so threaded results equal the serial ones exactly; to write an ordered, bounded thread pool (`ThreadPoolExecutor`) for the pipeline and measure the gain |
+# | **What you will learn** | to find and remove the shared state that breaks a transform on threads (a shared buffer, the global RNG); to seed per item so threaded results equal the serial ones bit for bit; to make a race show every time instead of sometimes; to write an ordered thread loader whose read-ahead you choose (not `Executor.map`, which reads everything) and measure the gain |
 # | **Prerequisites** | lesson 01 (free-threaded data loading) |
 # | **Hardware** | any CPU; the speed-up is measured, not checked, and shows only with 2 or more cores |
-# | **Time** | 25 minutes |
+# | **Time** | 35 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. A check prints `✅ ... passed`, or stops with `❌` and a
@@ -71,30 +71,49 @@ def slow_pipeline(images, seed=0):
 reference = slow_pipeline(images)
 print("reference:", len(reference), "items of", tuple(reference[0].shape))
 
+
 # %% [markdown]
-# Run it on 4 threads as it is and compare with the reference, twice. (`thread_map` is lesson 01's
-# loader; the global RNG is seeded once, as a training script would.)
+# Run it on threads as it is. Each item seeds the global RNG for itself (`data.item_seed(0, i)`, as
+# `slow_pipeline` does) inside the thread that runs it, so on one thread the results equal the reference,
+# and any difference on 4 threads comes from the two calls in flight sharing state: between one call's
+# seeding and its draws another call may draw, and between one call's write into `SCRATCH` and its blur
+# another call may write there.
 
 # %%
-for attempt in range(2):
-    torch.manual_seed(0)
-    threaded = list(data.thread_map(slow_augment, images, workers=4))
+def slow_item(pair):
+    i, image = pair
+    torch.manual_seed(data.item_seed(0, i))
+    return slow_augment(image)
+
+
+for workers in (1, 4, 4, 4):
+    threaded = list(data.thread_map(slow_item, enumerate(images), workers=workers))
     wrong = sum(not torch.equal(a, b) for a, b in zip(threaded, reference))
-    print(f"attempt {attempt + 1}: {wrong} of {len(images)} items differ from the serial reference")
+    print(f"{workers} thread(s): {wrong} of {len(images)} items differ from the serial reference")
 
 
 # %% [markdown]
+# On 4 threads the count changes from run to run, and can be zero: a race shows only when the scheduler
+# happens to pause one call at the wrong moment. So the check of exercise 1 does not wait for luck. It
+# makes the bad moment happen: it pauses a call after each of its torch operations in turn, runs a whole
+# call on another item on another thread right there, and then lets the first call finish
+# (`helpers.lab_checks.changed_by_a_call_between`). A call that shares nothing with other calls gives the
+# same result every time; a call that keeps a tensor where another call can reach it does not.
+#
 # ## Exercise 1: a thread-safe `augment(image, rng)`
 #
 # Write `augment(image, rng)` that computes exactly what `slow_augment` computes, but
 #
-# - draws its random numbers from `rng` (a `torch.Generator`), in the same order: flip first, then gain;
-# - writes into no shared buffer: every call allocates its own tensors.
+# - draws its random numbers only from `rng` (a `torch.Generator`), in the same order: flip first, then
+#   gain; never from the global RNG;
+# - writes into no shared buffer: not `SCRATCH`, and no tensor kept between calls anywhere else (a dict, a
+#   default argument, an attribute);
+# - is bit-for-bit equal to `slow_augment` when `rng` is `data.item_generator(seed, i)` and slow_augment's
+#   global RNG is seeded with `data.item_seed(seed, i)`: the same operations in the same order.
 #
-# The check calls `augment(image, data.item_generator(seed, i))` for every item `i`: a generator seeded
-# from `(seed, index)`, exactly as `slow_pipeline` seeds the global RNG per item. The outputs must be
-# bit-for-bit equal to `slow_augment`'s serially, and stay equal on 4 threads over 3 runs; the check also
-# fails if a call changes any tensor defined at the notebook's top level (like `SCRATCH`).
+# The check tests each of these: the first by watching the global RNG, the second by watching every
+# module-level tensor and then by making the race happen as described above, the third against
+# `slow_augment` run beside your function.
 
 # %%
 def augment(image, rng):
@@ -112,57 +131,99 @@ def augment(image, rng):
 check("01_data_loading_lab", augment)
 
 # %% [markdown]
-# The same threaded run as above, with `augment` (lesson 01's `thread_map` seeds item `i` with
-# `data.item_generator(0, i)` when given `seed=0`):
+# The threaded run above, with `augment` (lesson 01's `thread_map` calls `augment(image, rng)` with
+# `rng = data.item_generator(0, i)` when given `seed=0`):
 
 # %%
-for attempt in range(2):
+for attempt in range(3):
     threaded = list(data.thread_map(augment, images, workers=4, seed=0))
     wrong = sum(not torch.equal(a, b) for a, b in zip(threaded, reference))
     print(f"attempt {attempt + 1}: {wrong} of {len(images)} items differ from the serial reference")
 
 
 # %% [markdown]
-# ## Exercise 2: a faster pipeline, on your own thread pool
+# ## Exercise 2: an ordered loader with bounded read-ahead
 #
-# Write `fast_pipeline(images, workers, seed=0)` that returns the same list as
-# `slow_pipeline(images, seed)`, computed with `augment` on a pool of threads that you build yourself
-# with `concurrent.futures.ThreadPoolExecutor` (not `data.thread_map`: that is lesson 01's loader, the
-# thing this exercise builds):
+# Lesson 01's deep dive (pitfall 4) showed that `ThreadPoolExecutor.map` takes **every** item of its input
+# before it returns the first result: over a stream of a million images it reads, and keeps, all of them.
+# A loader must read ahead of the training loop, but only so far. Write the loader:
+# `ordered_map(fn, items, workers, prefetch=None, seed=0)`, a generator that yields
+# `fn(item, data.item_generator(seed, i))` for item `i` of `items`, computed on threads you start
+# yourself (`concurrent.futures.ThreadPoolExecutor` or `threading`; not `data.thread_map`: that is lesson
+# 01's loader, the thing you build here), such that
 #
-# - item `i` gets its own generator, `data.item_generator(seed, i)`, whichever thread runs it;
-# - the results come back in input order (`pool.map`, or the futures in submission order), however the
-#   threads finish;
-# - at most `workers` calls of `augment` run at once (`max_workers=workers`), on more than one thread;
-# - call `augment` by its name, at call time: the check counts how many calls run at once;
-# - `workers` may exceed the number of images, and an empty list gives an empty list.
+# - the results come out in input order, even when a later item finishes first;
+# - `items` may be any iterable that can be read only once, a generator of unknown length (even an endless
+#   one): take items one at a time as you go, never `len(items)`, indexing or `list(items)`;
+# - at no moment are more than `prefetch` items taken from `items` and not yet yielded;
+# - when there is enough work, `workers` calls of `fn` run at once, and never more;
+# - an empty input yields nothing, and `workers` may exceed the number of items.
 #
-# The work is torch ops, which release the GIL, so threads speed it up even on a GIL build.
+# **Your decision: what `prefetch=None` means.** Every item read ahead is held in memory until it is
+# yielded, and a worker can only run an item that was read. Derive the smallest read-ahead that still lets
+# every worker be busy, make it the default, and write in a comment why it is enough and why one item less
+# is not. The check tells a read-ahead that starves workers from one that holds more than they can use.
 
 # %%
-def fast_pipeline(images, workers, seed=0):
+def ordered_map(fn, items, workers, prefetch=None, seed=0):
     ### BEGIN SOLUTION
-    def one(i):
-        return augment(images[i], data.item_generator(seed, i))
+    from collections import deque
 
+    # `workers` items in flight: one per thread, so none idles for lack of an item; with one less, at
+    # most workers - 1 calls can run. More would be held in memory without a thread to run them.
+    prefetch = workers if prefetch is None else prefetch
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(one, range(len(images))))
+        pending = deque()                       # futures in input order
+        for i, item in enumerate(items):        # one item at a time: a stream is read as it goes
+            pending.append(pool.submit(fn, item, data.item_generator(seed, i)))
+            if len(pending) == prefetch:        # full: hand out the oldest before taking another item
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
     ### END SOLUTION
 
 
 # %% tags=["nbval-check-output"]
-check("01_data_loading_lab", fast_pipeline)
+check("01_data_loading_lab", ordered_map)
+
+
+# %% [markdown]
+# How far each loader reads ahead of its consumer: the input below counts the items taken from it when
+# the first result arrives, out of a stream of 1000.
+
+# %%
+def counted(n, pulled):
+    for i in range(n):
+        pulled.append(i)
+        yield images[i % len(images)]
+
+
+pulled = []
+pool = ThreadPoolExecutor(4)
+next(pool.map(lambda image: augment(image, data.item_generator(0, 0)), counted(1000, pulled)))
+pool.shutdown(cancel_futures=True)      # the items it took are queued: drop them
+print(f"ThreadPoolExecutor.map, 4 threads:  {len(pulled)} of 1000 items taken before the first result")
+pulled = []
+loader = ordered_map(augment, counted(1000, pulled), workers=4)
+next(loader)
+loader.close()
+print(f"ordered_map, 4 threads (default):   {len(pulled)} of 1000 items taken before the first result")
+
 
 # %% [markdown]
 # ## How much faster? (measured, not checked)
 #
-# `fast_pipeline` with one worker per core against `slow_pipeline`, interleaved in this process
-# (`helpers.bench.compare`, median of 3 repeats). The ratio is a measurement of this machine, not a
-# target: it cannot exceed the number of cores, other programs take their share, and on 1 core it
-# stays near 1. The first line checks that the fast pipeline still gives the reference on this
-# notebook's images.
+# `fast_pipeline` runs `augment` through your `ordered_map` with one worker per core; it is compared with
+# `slow_pipeline`, interleaved in this process (`helpers.bench.compare`, median of 3 repeats). The ratio
+# is a measurement of this machine, not a target: it cannot exceed the number of cores, other programs
+# take their share, and on 1 core it stays near 1. The first line checks that the fast pipeline still
+# gives the reference, bit for bit, on this notebook's images.
 
 # %%
+def fast_pipeline(images, workers, seed=0):
+    return list(ordered_map(augment, images, workers, seed=seed))
+
+
 fast = fast_pipeline(images, workers=CORES)
 print("fast_pipeline equals the reference:", all(torch.equal(a, b) for a, b in zip(fast, reference)))
 result = bench.compare({"slow_pipeline": lambda: slow_pipeline(images),
@@ -177,9 +238,13 @@ print(f"measured: {ratio:.2f}x the serial pipeline's speed on {CORES} core(s)"
 # ## What you did
 #
 # - Shared state is the usual reason a transform breaks on threads. The GIL does not protect a tensor
-#   buffer: torch ops release it while they compute.
+#   buffer: torch ops release it while they compute. A race that shows on some runs only is found by making
+#   the bad interleaving happen, not by running more often.
 # - Per-item seeds make augmentation reproducible whatever thread runs which item; per-thread seeds
 #   would not, because a pool hands items to whichever thread is free.
-# - On a free-threaded build (3.13t/3.14t, `environments/free-threaded.txt`), the same `fast_pipeline`
+# - A loader's read-ahead is a decision: enough items in flight to keep every worker busy, no more held in
+#   memory. `Executor.map` makes no such decision; `thread_map`'s `prefetch`, torchdata's `max_concurrent`
+#   and `DataLoader`'s `prefetch_factor` do.
+# - On a free-threaded build (3.13t/3.14t, `environments/free-threaded.txt`), the same `ordered_map`
 #   also speeds up pure-Python transforms; on a GIL build only processes (`DataLoader(num_workers=k)`)
 #   do that.

@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | how a combo kernel's launch grid is sized; how each program finds its part from its program id; how to predict, then measure, how many kernel functions `torch.compile` generates |
+# | **What you will learn** | how a combo kernel's launch grid is sized; how each program finds its part from its program id; when Inductor dispatches a combo kernel round-robin and what that costs in idle programs; how to predict, then measure, how many kernel functions `torch.compile` generates |
 # | **Prerequisites** | lesson 02 (horizontal fusion and combo kernels) |
 # | **Hardware** | any CPU. Exercise 2 needs Triton (`pip install triton`): on a CPU it runs under Triton's interpreter, on a GPU compiled |
-# | **Time** | 30 minutes |
+# | **Time** | 35 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell: `✅ ... passed`, or `❌` with a hint. `check(LAB, function)`
@@ -70,8 +70,9 @@ check("02_fusion_lab", combo_grid)
 # assigned at top level. The launch may not call `fusion.combo_launch` or `fusion.combo_reference`
 # (they compute the answer for you).
 #
-# The check calls `launch_three_part` on three tensors of mixed sizes (empty parts included) and
-# compares each part with `fusion.combo_reference`. On a CPU the tensors stay on the CPU and the kernel
+# The check calls `launch_three_part` on three tensors of mixed sizes (empty parts included), compares
+# each part with `fusion.combo_reference`, and counts the launches of `three_part_kernel`: exactly one,
+# since one launch for three parts is the point. On a CPU the tensors stay on the CPU and the kernel
 # runs under Triton's interpreter; on a GPU they go to the GPU. It runs the launcher with the reference
 # `combo_grid`, so this exercise is judged on the kernel alone. Without Triton the exercise and its
 # check are skipped, and the check cell says so.
@@ -118,13 +119,54 @@ else:
 
 
 # %% [markdown]
-# ## Exercise 3: predict, then measure, how many kernels `torch.compile` generates
+# ## Exercise 3: plan Inductor's combo launch
+#
+# Your kernel dispatches sequentially. Inductor's combo kernels can also dispatch **round-robin**
+# (program `pid` runs part `pid % N`, block `pid // N`), and `ComboKernel.select_dispatch_strategy`
+# (printed in lesson 02) picks one of the two for each combo kernel. Write
+# `plan_combo_launch(numels, block)` for a combo kernel that `combo_kernels=True` made (mixed sizes
+# allowed, sizes known at compile time) whose parts all use blocks of `block` elements. Return
+# `(scheme, programs, idle)`: the scheme Inductor picks (`"round_robin"` or `"sequential"`), how many
+# programs that launch has, and how many of them have no element to work on.
+#
+# Decide it from the rule, not by trial: the lesson ran the rule on one group of sizes; the check asks
+# about groups near its edge, where counting in elements and counting in blocks disagree. A failing case
+# names the fields you got wrong (`scheme`, `programs`, `idle`), not their values.
+
+# %%
+def plan_combo_launch(numels: list[int], block: int) -> tuple[str, int, int]:
+    ### BEGIN SOLUTION
+    blocks = [(n + block - 1) // block for n in numels]
+    if sum(numels) / (max(numels) * len(numels)) > 0.8:
+        programs = len(numels) * max(blocks)
+        return "round_robin", programs, programs - sum(blocks)
+    return "sequential", sum(blocks), 0
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("02_fusion_lab", plan_combo_launch)
+
+# %% [markdown]
+# Your plan for the SGD step's groups of 8 kernels (lesson 02), at two block sizes: how many programs
+# would sit idle in each launch.
+
+# %%
+sgd_sizes = [1024 + 37 * i for i in range(30)]
+for group in fusion.combo_groups(sgd_sizes):
+    plans = {b: plan_combo_launch(group, b) for b in (256, 1024)}
+    print(f"{len(group)} parts of {group[0]}..{group[-1]}: " + "; ".join(
+        f"block {b}: {scheme}, {programs} programs, {idle} idle" for b, (scheme, programs, idle) in plans.items()))
+
+
+# %% [markdown]
+# ## Exercise 4: predict, then measure, how many kernels `torch.compile` generates
 #
 # Four functions, compiled for the **CPU** (Inductor's C++ backend, the same on every machine). For
 # each, predict how many generated kernel functions (`cpp_fused_*`) the compiled wrapper calls.
 # Remember from lesson 02 and its deep dive: the C++ backend groups consecutive loop nests into one function, and
 # starts a new function only around a call it does not generate itself (a matmul goes to a library:
-# `extern_kernels.mm`).
+# `extern_kernels.mm`). A failing check names a function you predicted wrong, not its count.
 
 # %%
 def chain(x):

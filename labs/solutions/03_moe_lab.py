@@ -41,9 +41,16 @@ torch.manual_seed(0)
 #
 # - `xs` `[T*k, d]`: the token rows sorted by expert (row i is token `order[i] // k`),
 # - `order` `[T*k]`: positions in the flattened `expert_ids`, sorted by expert, **stable** (ties keep
-#   their original order: `torch.argsort(..., stable=True)`),
+#   their original order),
 # - `offs` `[num_experts]`, **int32**: the cumulative END offset of each expert's rows, with an entry
 #   for every expert, also those that got no token.
+#
+# One more requirement, and it is the decision of this exercise: **nothing may be read back to the
+# host**. On a GPU every value that comes back to Python (`.item()`, `.tolist()`, `int(t)`, a loop over a
+# tensor, or an op that must know a value to size its output) stops the CPU until the GPU has caught up,
+# once per MoE layer per step. Lesson 03's deep dive shows which library calls read back; here you choose
+# the sort and the count that do not. The check runs your function under `helpers.moe.host_reads` (plus
+# the Python reads it cannot see) and lists what it found.
 
 # %%
 def permute_tokens(x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int):
@@ -51,7 +58,10 @@ def permute_tokens(x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int):
     flat = expert_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
     xs = x[order // expert_ids.shape[1]]
-    offs = torch.bincount(flat, minlength=num_experts).cumsum(0).to(torch.int32)
+    # bincount would read the largest id back to size its output: scatter into num_experts slots instead
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    offs = counts.cumsum(0).to(torch.int32)
     return xs, order, offs
     ### END SOLUTION
 
@@ -66,15 +76,18 @@ check("03_moe_lab", permute_tokens)
 # Write `fallback_grouped_gemm(xs, w, offs)` as a Python loop with one matmul per expert: rows
 # `offs[e-1]:offs[e]` of `xs` (the first expert starts at row 0) times `w[e]` (`[K, N]`). This is what
 # PyTorch's `_grouped_mm_fallback` does on CPU and, by default in 2.10, on ROCm; write the loop itself,
-# without `F.grouped_mm`. Experts with no rows must work, and the result keeps the input's dtype.
-# Here `offs[-1]` is always the number of rows: every row belongs to an expert. (A capacity-padded
-# buffer has rows past `offs[-1]` that no expert owns; `F.grouped_mm` leaves those output rows
-# uninitialised, so they are never compared.)
+# with 2-D matmuls only: no `F.grouped_mm`, no `bmm` and none of `helpers.moe`'s GEMMs. Experts with no
+# rows must work, and the result keeps the input's dtype.
+#
+# A capacity-padded buffer has more rows than tokens: `offs[-1]` can be smaller than `xs.shape[0]`, and
+# the rows past it belong to no expert. `F.grouped_mm` leaves those output rows uninitialised; yours
+# must return **zeros** there (as `helpers.moe.grouped_gemm` does), so that nothing downstream reads
+# garbage. The check fills every uninitialised allocation with NaN, so a row you never write shows.
 
 # %%
 def fallback_grouped_gemm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     ### BEGIN SOLUTION
-    out = xs.new_empty(xs.shape[0], w.shape[2])
+    out = xs.new_zeros(xs.shape[0], w.shape[2])    # rows past offs[-1] stay 0
     start = 0
     for e, end in enumerate(offs.tolist()):
         torch.mm(xs[start:end], w[e], out=out[start:end])

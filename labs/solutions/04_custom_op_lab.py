@@ -19,7 +19,7 @@
 # `❌`, what was wrong, and a hint. The grader adds hidden cases; each exercise says what they test.
 
 # %% tags=["parameters"]
-QUICK = False   # quick mode: compiles with the aot_eager backend instead of Inductor (papermill: -p QUICK True)
+QUICK = False   # quick mode: a smaller tensor and fewer repeats in the timing cell (papermill: -p QUICK True)
 
 # %%
 import torch
@@ -64,9 +64,12 @@ print("\n".join(lines[first - 4:first + 3]))
 # What is checked: the op's output against `silu(gate) * up` computed in PyTorch, for float32, float64
 # (to 1e-10, which a kernel computing in `float` misses), bfloat16 and float16, on a 1-D, a 2-D and a
 # 3-D shape, and on 4099 elements run with two threads, which `parallel_for` splits into two chunks
-# (where the kernel is built with OpenMP, as on Linux).
-# Hidden cases add an empty tensor, a single element, a larger fp16 matrix and a transposed gate
-# (the wrapper makes it contiguous before your loop sees it).
+# (where the kernel is built with OpenMP, as on Linux). Values alone cannot show a loop that runs over
+# other chunks' elements (it writes them with the same values), so one more case builds your body into
+# a bare chunk function, calls it once on the chunk `[2050, 4099)` with `out` full of NaN, and checks
+# that it wrote exactly those 2049 elements.
+# Hidden cases add an empty tensor, a single element, a larger fp16 matrix, another chunk and a
+# transposed gate (the wrapper makes it contiguous before your loop sees it).
 #
 # The cell after yours builds the template with your body (cached by a hash of the source: an
 # unchanged body is not rebuilt) and loads it, which registers it as the op's CPU kernel. A compiler
@@ -121,8 +124,9 @@ else:
 # layout the kernel does not produce.
 #
 # What is checked: your function on meta tensors (shape, strides and dtype of what it returns) for two
-# (3, 5) float32 inputs and for a transposed gate, and that different shapes and different dtypes raise
-# `ValueError`. Hidden cases add a 3-D bfloat16 pair, a permuted 3-D gate and a tensor with no elements.
+# (3, 5) float32 inputs, a bfloat16 pair and a transposed gate, and that different shapes and different
+# dtypes raise `ValueError`. Hidden cases add a 3-D bfloat16 pair, a permuted 3-D gate and a tensor with
+# no elements.
 
 # %%
 @torch.library.register_fake("labs_ext::silu_mul")
@@ -152,9 +156,9 @@ check("04_custom_op_lab", silu_mul_fake)
 # not: they are the formula you are asked to write, and the check refuses them.
 #
 # What is checked: your `backward` called directly with saved `(gate, up)` and a random `grad`, against
-# the true gradients in float32. Hidden cases: float64 (to 1e-10: keep the input's dtype), a gate of
-# zeros, and large gates (hundreds): `exp(-g)` overflows float32 for gates below about -88, so build on
-# `torch.sigmoid`, which does not.
+# the true gradients in float32, in float64 (to 1e-10: keep the input's dtype), and with large gates
+# (hundreds): `exp(-g)` overflows float32 for gates below about -88, so build on `torch.sigmoid`, which
+# does not. Hidden cases: a gate of zeros, and other shapes of the same.
 
 # %%
 def setup_context(ctx, inputs, output):

@@ -97,10 +97,12 @@ check("05_quantization_lab", quantize_weight)
 #
 # Write `int8_linear(x, q, scales, bias)` with `torch._weight_int8pack_mm(x2d, q, scales)`. The kernel
 # takes a 2-D `x` (rows, in_features) and wants `scales` in `x`'s dtype; `x` may have any number of
-# leading dimensions and `bias` may be `None`. The kernel accepts fp32 or bf16 activations and is
-# correct with both, but lesson 05 measured that only one of them is the path it was written for; the
-# other is a slow loop. That choice is the exercise: the check looks at the dtype your function hands
-# the kernel. Return the result in `x`'s dtype and shape, with the bias added.
+# leading dimensions and `bias` may be `None` (the check calls it without one). The kernel accepts fp32
+# or bf16 activations and is correct with both, but on x86 CPUs (AVX2, AVX512) lesson 05 measured that
+# only one of them is the path it was written for; the other is a scalar loop. That choice is the
+# exercise: the check looks at the dtype your function hands the kernel, and judges it by this CPU's
+# instruction set (`helpers.device.cpu_capability()`): on an ARM CPU both dtypes are vectorized, so
+# either passes there. Return the result in `x`'s dtype and shape, with the bias added.
 
 # %%
 def int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -151,11 +153,13 @@ for name, entry in r["results"].items():
 #
 # Write `quantize_model(model)`: return a copy of `model` in which every `nn.Linear`, at any depth, is
 # replaced by `MyInt8Linear(linear)`, leaving the model you were given untouched (still fp32, the same
-# modules and weights). Write the walk yourself (not `quant.swap_linears`): `copy.deepcopy` the model,
-# then go through `named_children()` recursively and `setattr` each `nn.Linear` child on its parent.
-# The check counts the `nn.Linear` layers left, compares the original with a copy taken before your call,
-# requires the argmax to agree with fp32's on at least 97% of random inputs, and the model to be more
-# than 3 times smaller.
+# modules and weights). Write the walk yourself, with your own `MyInt8Linear`: not `quant.swap_linears`,
+# `quant.Int8WeightOnlyLinear` or `torch.ao.quantization.quantize_dynamic` (the check records those
+# calls). `copy.deepcopy` the model, then go through `named_children()` recursively and `setattr` each
+# `nn.Linear` child on its parent. The check counts the `nn.Linear` layers left, also in a model whose
+# Linears sit one level down (inside a child `nn.Sequential`), compares the original with a copy taken
+# before your call, requires the argmax to agree with fp32's on at least 97% of random inputs, and the
+# model to be more than 3 times smaller.
 
 # %%
 import copy
@@ -193,8 +197,10 @@ print(f"{result['reference_bytes'] / result['bytes']:.2f}x smaller, "
 # %% [markdown]
 # ## Why per channel? The same model with one scale per tensor
 #
-# Run this to see what the deployment check says when the granularity is too coarse: the rows of this
-# model differ by 1000x, so a single scale per weight rounds the small rows to zero.
+# Predict first: the rows of this model differ by 1000x. With a single scale per weight, what happens to
+# the codes of the smallest rows, and does the deployment check still pass? Write your prediction in
+# `PREDICT_PER_TENSOR_PASSES` (True or False), then run the cell: it asserts what it measured and tells
+# you whether you predicted it.
 
 # %%
 per_tensor = quantize_model(model_fp32)
@@ -205,7 +211,15 @@ for layer in per_tensor.modules():
         layer.q = torch.clamp(torch.round(w / scale), -127, 127).to(torch.int8)
         layer.scales = torch.full_like(layer.scales, scale.item())
 
+PREDICT_PER_TENSOR_PASSES = None   # your prediction before you run the cell: True or False
 try:
     quant.check_deployment(per_tensor, model_fp32, inputs, labels, min_speedup=None, what="Per-tensor scales")
+    passes = True
 except AssertionError as failure:
     print(failure)
+    passes = False
+zero_rows = sum(int((layer.q == 0).all(dim=1).sum()) for layer in per_tensor.modules() if isinstance(layer, MyInt8Linear))
+print(f"{zero_rows} weight rows are all-zero codes with one scale per tensor; the deployment check "
+      f"{'passes' if passes else 'fails'}; you predicted: {PREDICT_PER_TENSOR_PASSES}")
+assert not passes, "per-tensor scales kept the agreement: the rows of this model no longer differ by 1000x?"
+assert zero_rows > 0, "no row rounded to all-zero codes: the per-tensor re-quantization above did not run?"

@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | build an SDPA key mask for a padded batch; pack a ragged batch the way `varlen_attn` wants it; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length |
+# | **What you will learn** | build an SDPA key mask for a padded batch; pack a ragged batch the way `varlen_attn` wants it; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length; derive a FlexAttention `mask_mod` the lesson does not show (prefix-LM over packed documents) |
 # | **Prerequisites** | lesson 06 |
 # | **Hardware** | any CPU |
-# | **Time** | 30 minutes |
+# | **Time** | 40 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the
@@ -100,7 +100,8 @@ print(f"varlen_attn on your packing: {tuple(packed.shape)} in, {tuple(out.shape)
 # Write a `TorchDispatchMode` that records `func.name()` for every aten op dispatched inside it, run
 # `F.scaled_dot_product_attention(q, k, v, **kwargs)` inside it, and return the recorded names.
 # `attention.backend_from_ops(names)` then names the backend: a fused backend is one op of its own,
-# `MATH` shows up as ordinary ops (`bmm`, `_safe_softmax`).
+# `MATH` shows up as ordinary ops (`bmm`, `_safe_softmax`). The check runs calls where the fused kernel
+# declines for a reason other than dropout, so only the ops that really ran give the right answer.
 
 # %%
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -138,10 +139,10 @@ for kwargs in ({}, {"dropout_p": 0.2}):
 # Padding everything to the longest sequence wastes most of the score matrix when lengths are uneven.
 # Write `bucketed_attention(seqs, n_buckets)`: sort the sequences by length, split the sorted list into
 # exactly `n_buckets` runs of consecutive lengths (fewer only when there are fewer sequences than
-# buckets: skip empty ones; `torch.chunk` can return fewer chunks than asked for, `tensor_split` does
-# not), call `attention.padded_attention` once per bucket, and return the outputs **in the original
-# order**. The check sees your buckets by recording the lengths of each `attention.padded_attention`
-# call your function makes.
+# buckets: skip the empty ones; and beware, `torch.chunk` can return fewer chunks than asked for), call
+# `attention.padded_attention` once per bucket, and return the outputs **in the original order**. The
+# check sees your buckets by recording the lengths of each `attention.padded_attention` call your
+# function makes.
 
 # %%
 def bucketed_attention(seqs: list[torch.Tensor], n_buckets: int) -> list[torch.Tensor]:
@@ -171,6 +172,59 @@ if buckets:
     waste = sum(attention.wasted_fraction(b) * scores(b) for b in buckets) / sum(scores(b) for b in buckets)
     print(f"padding share of the scores: one padded batch {attention.wasted_fraction(LENGTHS):.0%}, "
           f"your {len(buckets)} buckets {waste:.0%}")
+
+
+# %% [markdown]
+# ## Exercise 5: a prefix-LM mask for packed documents (FlexAttention)
+#
+# Pack several documents into one row of `sum(lengths)` tokens, as for `varlen_attn`. Each document
+# starts with a prompt of `prefix` tokens that is read **bidirectionally** (every token of the document,
+# including earlier prompt tokens, sees the whole prompt), and the rest is causal: a token sees the keys
+# of its own document up to and including itself, plus its document's prompt. A document shorter than
+# `prefix` is all prompt. No token sees another document.
+#
+# Lesson 06's masks (same document, a sliding window) compare indices in the packed row. This one needs
+# a token's position **inside its document**: derive it, as tensors built once outside `mask_mod`, then
+# write `prefix_lm_mask_mod(lengths, prefix)` returning a `mask_mod(b, h, q_idx, kv_idx)`. The check
+# builds the dense mask with `create_mask` (what `create_block_mask` calls) and compares it with the
+# intended one; the cell after it runs `flex_attention` with your block mask.
+
+# %%
+def prefix_lm_mask_mod(lengths: list[int], prefix: int):
+    ### BEGIN SOLUTION
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    starts = torch.tensor([0] + list(lengths)).cumsum(0)[:-1]
+    position = torch.arange(sum(lengths)) - starts[doc]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & ((kv_idx <= q_idx) | (position[kv_idx] < prefix))
+    return mask_mod
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("06_attention_lab", prefix_lm_mask_mod)
+
+# %%
+# your mask in use: flex_attention on the packed batch with your block mask, against SDPA with the dense
+# mask your mask_mod gives (eager flex_attention is FlexAttention's unfused reference: a check, not speed)
+import warnings
+
+from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
+
+PREFIX = 8
+total = sum(LENGTHS)
+q_flex, k_flex, v_flex = attention.packed_heads_first(seqs)
+mod = prefix_lm_mask_mod(LENGTHS, PREFIX)
+block_mask = create_block_mask(mod, None, None, total, total, device="cpu")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    flex_out = flex_attention(q_flex, k_flex, v_flex, block_mask=block_mask)
+dense = create_mask(mod, None, None, total, total, device="cpu")
+sdpa_out = F.scaled_dot_product_attention(q_flex, k_flex, v_flex, attn_mask=dense)
+visited, tiles = attention.blocks_computed(block_mask)
+print(f"flex_attention with your prefix-LM mask vs SDPA with its dense mask: max error "
+      f"{(flex_out - sdpa_out).abs().max():.1e}; the fused kernel would visit {visited} of {tiles} tiles")
 
 # %% [markdown]
 # ## Measure (not checked): one padded batch vs buckets vs jagged

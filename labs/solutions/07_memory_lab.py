@@ -1,12 +1,12 @@
 # %% [markdown]
-# # Lab 07 · Memory: predict it, find the peak, lower it
+# # Lab 07 · Memory: predict it, choose what to keep, lower the peak
 #
 # | | |
 # |---|---|
-# | **What you will learn** | predict a training step's parameter, gradient and Adam-state bytes (frozen layers and bf16 parameters included) and compare them with the profiler's timeline; find what dominates at the peak; lower the activation peak with gradient accumulation while keeping the full-batch gradients, whatever the batch size |
+# | **What you will learn** | predict a training step's parameter, gradient and Adam-state bytes (frozen layers and bf16 parameters included) and compare them with the profiler's timeline; decide, op by op, what selective activation checkpointing keeps, so that backward recomputes no matmul and forward keeps less than `save_matmuls`; lower the activation peak with gradient accumulation while keeping the full-batch gradients, whatever the batch size |
 # | **Prerequisites** | lesson 07 |
 # | **Hardware** | any CPU |
-# | **Time** | 25 minutes |
+# | **Time** | 35 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise is followed by `check(...)`, which runs the grader's visible cases for that exercise:
@@ -72,32 +72,56 @@ for category in ("parameter", "gradient", "optimizer_state"):
     verdict = "matches" if guess[category] == measured else "differs from"
     print(f"{category:<16} predicted {memory.mib(guess[category]):>10}, {verdict} the profiler's {memory.mib(measured)}")
 
-
 # %% [markdown]
-# ## Exercise 2: what is in memory at the peak?
+# ## Exercise 2: a selective-checkpointing policy under a budget
 #
-# `tl["times_us"]` is a list of times and `tl["bytes"]` maps each category to a list of the same length.
-# Return `(time_us, breakdown)` at the first moment the total (the sum over categories) is highest, where
-# `breakdown` maps every category to its bytes at that moment.
+# Lesson 07's deep dive checkpoints every `memory.GatedMLP` block (`x + down(gelu(up(x)) * gate(x))`)
+# with `create_selective_checkpoint_contexts(memory.save_matmuls)`: keep the output of every matmul
+# (`aten.addmm`, `aten.mm`), recompute everything else in backward. Write your own policy,
+# `keep_policy(ctx, op, *args, **kwargs)`, returning a `torch.utils.checkpoint.CheckpointPolicy` for
+# each op of the block's forward (`args` are the op's inputs: for `aten.addmm`, the bias, the input and
+# the transposed weight), that meets this budget with every block checkpointed by it:
+#
+# 1. backward recomputes **no matmul**: its matmul FLOPs are those of the step without checkpointing;
+# 2. forward keeps **fewer bytes** for backward than `save_matmuls` does.
+#
+# Any width, depth and batch size (the grader uses others). Decide op by op what backward needs:
+# `lab_checks.kept_bytes_and_backward_flops(policy, width, depth, batch)` measures both numbers for
+# any policy (`None`: no checkpointing), and the cell after the check prints them for yours.
+# Calling `memory.save_matmuls` is not allowed.
 
 # %%
-def at_peak(tl: dict) -> tuple[int, dict[str, int]]:
+from torch.utils.checkpoint import CheckpointPolicy
+
+
+def keep_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     ### BEGIN SOLUTION
-    totals = [sum(col) for col in zip(*tl["bytes"].values())]
-    i = totals.index(max(totals))
-    return tl["times_us"][i], {name: values[i] for name, values in tl["bytes"].items()}
+    # up's and gate's outputs (wider than their input) are read by gelu's and mul's backward: keep them.
+    # down's output is read by no backward formula (the residual add's backward needs no input), and
+    # recomputation stops at the last tensor backward needs: keeping it costs bytes and saves nothing.
+    if op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and args[-1].shape[-1] > args[-2].shape[-1]:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
     ### END SOLUTION
 
 
 # %% tags=["nbval-check-output"]
-check("07_memory_lab", at_peak)
+check("07_memory_lab", keep_policy)
+
+# %% [markdown]
+# What each policy keeps and what backward pays, on blocks of this lab's width (the step without
+# checkpointing, full checkpointing, `save_matmuls`'s rule and yours):
 
 # %%
-t_peak, breakdown = at_peak(tl)
-print(f"the peak of this lab's training step, at {t_peak} us: {memory.mib(sum(breakdown.values()))}")
-for name, nbytes in sorted(breakdown.items(), key=lambda kv: -kv[1]):
-    if nbytes:
-        print(f"  {name:<16} {memory.mib(nbytes)}")
+from helpers.lab_checks import kept_bytes_and_backward_flops
+
+policies = {"no checkpointing": None, "full (recompute all)": lambda ctx, op, *a, **k: CheckpointPolicy.PREFER_RECOMPUTE,
+            "save_matmuls": memory.save_matmuls, "keep_policy": keep_policy}
+base_flops = kept_bytes_and_backward_flops(None, WIDTH, DEPTH, BATCH)[1]
+for name, policy in policies.items():
+    kept, flops = kept_bytes_and_backward_flops(policy, WIDTH, DEPTH, BATCH)
+    print(f"{name:<22} kept for backward {memory.mib(kept):>10}   matmul FLOPs recomputed "
+          f"{(flops - base_flops) / 1e6:8.1f} M")
 
 
 # %% [markdown]

@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | compare two DebugMode hash traces yourself; write a normalisation whose gradient has no NaN at zero (checked with anomaly mode); make a compiled function accept every batch size from 1 to 512 without recompiling (and see why `mark_dynamic` cannot); replace `torch.jit.trace` + `save` with a `torch.export` program that takes any batch size |
+# | **What you will learn** | compare two DebugMode hash traces yourself; write a normalisation whose gradient has no NaN at zero (checked with anomaly mode); make a compiled function accept every batch size from 1 to 512 without recompiling (and see why `mark_dynamic` cannot); find the batch size `torch.jit.trace` silently baked into a module, and export a version whose program is the same for every batch size (1 to 512) with `torch.export` |
 # | **Prerequisites** | lesson 08 |
 # | **Hardware** | any CPU |
-# | **Time** | 30 minutes |
+# | **Time** | 35 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell: `check(LAB, function)` runs the cases the grader's
@@ -17,6 +17,7 @@ QUICK = False   # quick mode (papermill: -p QUICK True)
 
 # %%
 import copy
+import math
 
 import torch
 from torch import nn
@@ -38,7 +39,8 @@ x = torch.randn(8, 16)
 # A trace is a list of `(op_name, hashes)` pairs, `hashes` a tuple of floats (from
 # `debugging.hash_trace`). Return the index of the first pair whose hashes differ by a relative amount
 # larger than `rtol` (relative to the larger magnitude), or `None`. Raise `ValueError` if the op names
-# of the two traces differ.
+# of the two traces differ. A NaN hash (a NaN somewhere in that op's output) in one trace and a number
+# in the other is a difference; two NaN hashes are not.
 
 # %%
 def first_difference(a: list, b: list, rtol: float = 0.0) -> int | None:
@@ -46,8 +48,9 @@ def first_difference(a: list, b: list, rtol: float = 0.0) -> int | None:
     if [n for n, _ in a] != [n for n, _ in b]:
         raise ValueError("the traces dispatched different ops")
     for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
-        if any(abs(p - q) > rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
-            return i
+        for p, q in zip(ha, hb):
+            if math.isnan(p) != math.isnan(q) or abs(p - q) > rtol * max(abs(p), abs(q)):
+                return i
     return None
     ### END SOLUTION
 
@@ -67,8 +70,9 @@ print(f"on the real traces of this net: the runs first differ at op {i} of {len(
 # ## Exercise 2: a normalisation without NaN gradients
 #
 # `v / v.norm()` gives NaN gradients when `v` is all zeros. Write `safe_normalize(v, eps)` that
-# normalises the last dimension, equals `torch.nn.functional.normalize(v, dim=-1, eps=eps)` and has
-# finite gradients everywhere, including at zero.
+# normalises the last dimension, equals `torch.nn.functional.normalize(v, dim=-1, eps=eps)` (values
+# and gradients, for any `eps`) and has finite gradients everywhere, including at zero. Calling
+# `normalize` itself is not allowed.
 
 # %%
 def safe_normalize(v: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
@@ -133,24 +137,58 @@ for name, mark in (("mark_dynamic(min=1, max=512)", bounded), ("maybe_mark_dynam
     except Exception as error:
         print(f"{name:30} sizes 8, 1, 512, 2: {type(error).__name__}: {str(error).splitlines()[0]}")
 
+# %% [markdown]
+# ## Exercise 4: leave TorchScript, and find what `jit.trace` baked in
+#
+# `TokenHead` (in `helpers.lab_checks`, printed below) reads a `(batch, tokens, features)` batch and,
+# for each example, standardises every feature over the tokens, projects it and keeps each output's
+# maximum over the tokens. It was shipped with `torch.jit.trace` at a batch of 8. The next cell calls
+# the traced module on a batch of 12.
+
+# %%
+import inspect
+import warnings
+
+from helpers.lab_checks import TokenHead, token_head
+
+print(inspect.getsource(TokenHead.forward))
+head = token_head()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    traced = torch.jit.trace(head, torch.randn(8, 6, 16))
+batch12 = torch.randn(12, 6, 16)
+print(f"eager: {tuple(head(batch12).shape)}, traced at batch 8: {tuple(traced(batch12).shape)}")
+print("warnings while tracing:", sorted({type(w.message).__name__ for w in caught}) or "none")
+
 
 # %% [markdown]
-# ## Exercise 4: leave TorchScript
-#
-# Replace `torch.jit.trace` + `torch.jit.save` + `torch.jit.load` with `torch.export`: export `module`
-# with `example`, save it to `path` (a `.pt2` file), load it back, and return a callable module that
-# accepts **any batch size from 1 to 512**, not only the example's.
-#
-# By default `torch.export` specialises every dimension to the example's size, and the loaded program
-# refuses other sizes (`AssertionError: Guard failed: input.size()[0] == 8`); `torch.jit.trace` had the
-# same limit without saying so. Declare the batch dimension with `dynamic_shapes` and a
-# `torch.export.Dim`.
+# No error, and no warning about the shape (only TorchScript's own deprecation): the tracer ran the
+# Python loop 8 times and recorded 8 copies of its body, so the traced module returns 8 rows for any
+# batch of at least 8 (and fails on a smaller one). Write `export_and_reload(module, example, path)`:
+# export `module` (a `TokenHead`) with `example` using `torch.export`, save it to `path` (a `.pt2`
+# file), load it back and return the loaded, callable module. It must accept **any batch size from 1
+# to 512** and give `TokenHead`'s outputs on each. By default `torch.export` specialises every
+# dimension to the example's size, and the loaded program refuses other sizes: declare the batch
+# dimension with `dynamic_shapes` and a `torch.export.Dim`. Then read what export says about this
+# module, and decide what to change so that the program it records is the same for every batch size.
+# `torch.jit` is not allowed.
 
 # %%
 def export_and_reload(module: nn.Module, example: torch.Tensor, path: str):
     ### BEGIN SOLUTION
+    class Batched(nn.Module):
+        """TokenHead's forward on the whole batch at once, with its projection (the loop is what export
+        refuses: it made the batch size a constant of the program)."""
+
+        def __init__(self, proj):
+            super().__init__()
+            self.proj = proj
+
+        def forward(self, x):
+            return self.proj((x - x.mean(1, keepdim=True)) / (x.std(1, keepdim=True) + 1e-5)).amax(1)
+
     batch = torch.export.Dim("batch", min=1, max=512)
-    program = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
+    program = torch.export.export(Batched(module.proj), (example,), dynamic_shapes=({0: batch},))
     torch.export.save(program, path)
     return torch.export.load(path).module()
     ### END SOLUTION
