@@ -56,8 +56,10 @@ def test_a_run_that_stopped_early_or_never_ran_fails_the_checked_cells():
 
 
 def test_the_verdicts_read_back_as_the_matrix_reads_pytest_s_junit_xml(tmp_path):
-    verdicts = {"notebooks/a.ipynb": [(3, None), (7, "mismatch 'text'")], "labs/solutions/b.ipynb": [(1, None)]}
+    verdicts = {"notebooks/a.ipynb": [(3, None), (7, "mismatch 'text'")], "labs/solutions/b.ipynb": [(1, None)],
+                "notebooks/no_checked_cells.ipynb": []}
     path = tmp_path / "nbval.xml"
     path.write_text(junit_xml(verdicts))
-    assert read_nbval(path, list(verdicts)) == {"notebooks/a.ipynb": "failed", "labs/solutions/b.ipynb": "passed"}
+    assert read_nbval(path, list(verdicts)) == {"notebooks/a.ipynb": "failed", "labs/solutions/b.ipynb": "passed",
+                                                "notebooks/no_checked_cells.ipynb": "passed"}
     nbformat.validate(stored_notebook())
