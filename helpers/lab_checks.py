@@ -440,10 +440,6 @@ def default_read_ahead(fn, n, workers, seed) -> str:
 
 # lab 02: fusion
 
-def no_args(fn):
-    return fn()
-
-
 def kernel_counts() -> dict[str, int]:
     """Exercise 3's reference: the cpp_fused_* functions the compiled wrapper of each function calls. Here,
     not in the grading specs: torch.compile reads the source of the frames on its stack, and the sandbox
@@ -1003,12 +999,6 @@ def recompiles(fn, sizes) -> int:
 def grad_is_finite(fn, v, **kwargs) -> bool:
     """Whether every element of the gradient of fn(v).sum() is finite (no NaN, no inf)."""
     return bool(torch.isfinite(grad_of_sum(fn, v, **kwargs)).all())
-
-
-def debugging_lab_net(seed: int = 0) -> nn.Module:
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
 
 
 TOKENS, FEATURES = 6, 16
