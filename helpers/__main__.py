@@ -214,7 +214,7 @@ def cmd_validate(args) -> int:
             raise SystemExit("validate matrix takes two torch versions: A B (e.g. 2.9.1 2.10.0)")
         try:
             record = matrix.run_matrix(args.paths, quick=args.quick, rounds=args.rounds, threads=args.threads,
-                                       samples=args.samples, out=args.out,
+                                       samples=args.samples, out=args.out, same_venv=args.same_venv,
                                        device="cpu" if args.device == "auto" else args.device)
         except (RuntimeError, ValueError) as exc:
             raise SystemExit(f"error: {exc}") from None
@@ -222,10 +222,12 @@ def cmd_validate(args) -> int:
         print(f"driver total {record['total_seconds']:.0f} s; written: {Path(record['out']) / 'report.html'}")
         return 1 if record["findings"] else 0
     if len(args.paths) != 2:
-        raise SystemExit("validate compare takes exactly two run files: A.json B.json")
+        raise SystemExit("validate compare takes exactly two run files: A.json B.json (or rounds of each side, "
+                         "comma-separated and in the order they were made: A1.json,A2.json B1.json,B2.json)")
     try:
-        report = validation.compare_runs(*(validation.load_run(p) for p in args.paths),
-                                         allow_mismatch=args.allow_mismatch)
+        sides = [[validation.load_run(p) for p in side.split(",") if p] for side in args.paths]
+        report = validation.compare_runs(*(runs[0] if len(runs) == 1 else validation.merge_runs(runs)
+                                           for runs in sides), allow_mismatch=args.allow_mismatch)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     print(validation.table(report))
@@ -295,8 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     val = sub.add_parser("validate", help="migration / performance validation: run the pipeline, compare two runs, "
                                           "or both under two torch versions")
     val.add_argument("action", choices=["run", "compare", "matrix"])
-    val.add_argument("paths", nargs="*", help="compare: the two run files A.json B.json; matrix: two torch "
-                                              "versions A B (e.g. 2.9.1 2.10.0)")
+    val.add_argument("paths", nargs="*", help="compare: the two run files A.json B.json (rounds of a side made "
+                                              "alternately with the other's: A1.json,A2.json B1.json,B2.json, "
+                                              "paired in that order); matrix: two torch versions A B (e.g. 2.9.1 "
+                                              "2.10.0)")
     val.add_argument("--quick", action="store_true", help="run, matrix: small sizes (seconds per workload)")
     val.add_argument("--device", default="auto")
     val.add_argument("--threads", type=int)
@@ -306,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     val.add_argument("--workloads", nargs="*", help="run: a subset (default: all)")
     val.add_argument("--checks", nargs="*", help="run: a subset of the upgrade checks (default: all; none: "
                                                  "--checks with no name)")
+    val.add_argument("--same-venv", action="store_true",
+                     help="matrix with one version twice (A/A calibration): run both sides in one venv")
     val.add_argument("--allow-mismatch", action="store_true",
                      help="compare: compare runs made at different settings, every difference flagged")
     val.add_argument("--no-progress", dest="progress", action="store_false")

@@ -703,6 +703,93 @@ def uses_silu_mul(fn, x, w_gate, w_up, w_down) -> bool:
     return "silu_mul" in names
 
 
+def silu_mul_record_kernel(gate, up, out, amax):
+    """Lab 04's recording kernel: out = silu(gate) * up, and amax raised to the largest |out| seen so far
+    (a running maximum a scaling recipe can read). It computes the sigmoid in gate's storage to save a
+    temporary."""
+    out.copy_(gate)
+    gate.sigmoid_()
+    out.mul_(gate).mul_(up)
+    torch.maximum(amax, out.abs().amax().reshape(1), out=amax)
+
+
+_RECORD_OPS: dict[str, object] = {}
+
+
+def _record_op(schema: str):
+    """labs_record_<n>::silu_mul_record defined with `schema`, the recording kernel as its kernel and a
+    fake kernel that returns nothing; one namespace per schema (an op name is defined once per process)."""
+    if schema not in _RECORD_OPS:
+        namespace = f"labs_record_{len(_RECORD_OPS)}"
+        lib = torch.library.Library(namespace, "DEF")
+        lib.define("silu_mul_record" + schema)
+        lib.impl("silu_mul_record", silu_mul_record_kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{namespace}::silu_mul_record", lambda *args, **kwargs: None, lib=lib)
+        _RECORD_OPS[schema] = (lib, getattr(torch.ops, namespace).silu_mul_record.default)
+    return _RECORD_OPS[schema][1]
+
+
+def _record_schema(fn) -> tuple[str, object]:
+    """fn()'s schema text and torch's parse of it (the op's name is added here); raises ValueError for
+    what is not a schema of the kernel's four arguments."""
+    schema = fn()
+    if not isinstance(schema, str):
+        raise ValueError(f"return the schema as a str, got {type(schema).__name__}")
+    schema = schema.strip()
+    if not schema.startswith("("):
+        raise ValueError("write the schema from its argument list on, '(...) -> ...', without the op's name")
+    try:
+        parsed = torch._C.parse_schema("silu_mul_record" + schema)
+    except RuntimeError as exc:
+        raise ValueError(f"torch cannot parse the schema: {str(exc).splitlines()[0]}") from None
+    names = [a.name for a in parsed.arguments]
+    if names != ["gate", "up", "out", "amax"]:
+        raise ValueError(f"the schema's arguments are {names}; the kernel's are gate, up, out, amax, in that order")
+    return schema, parsed
+
+
+def _record_args(shape, dtype):
+    gen = torch.Generator().manual_seed(len(shape))
+    return {"gate": torch.randn(shape, generator=gen).to(dtype), "up": torch.randn(shape, generator=gen).to(dtype),
+            "out": torch.empty(shape, dtype=dtype), "amax": torch.zeros(1, dtype=dtype)}
+
+
+def record_returns(fn) -> str:
+    _, parsed = _record_schema(fn)
+    return "returns nothing" if not parsed.returns else f"returns {len(parsed.returns)} value(s)"
+
+
+def record_opcheck(fn, shape, dtype: str) -> str:
+    """torch.library.opcheck on the recording op defined with fn()'s schema, called as the schema says
+    (keyword-only arguments by name): "every opcheck test passes", or the first failing test and the
+    first line of its message."""
+    schema, parsed = _record_schema(fn)
+    args = _record_args(shape, getattr(torch, dtype))
+    positional = tuple(args[a.name] for a in parsed.arguments if not a.kwarg_only)
+    keywords = {a.name: args[a.name] for a in parsed.arguments if a.kwarg_only}
+    result = torch.library.opcheck(_record_op(schema), positional, keywords, raise_exception=False)
+    failed = [(test, outcome) for test, outcome in result.items() if outcome != "SUCCESS"]
+    if not failed:
+        return "every opcheck test passes"
+    test, outcome = failed[0]
+    return f"{test} fails: {str(outcome).splitlines()[0][:200]}"
+
+
+def record_declarations(fn) -> str:
+    """How the schema's written arguments (an alias annotation with '!') compare with the ones the kernel
+    writes, in counts only (naming them would give the answer away)."""
+    _, parsed = _record_schema(fn)
+    declared = {a.name for a in parsed.arguments if a.alias_info is not None and a.alias_info.is_write}
+    args = {**_record_args((4, 6), torch.float32), "out": torch.zeros(4, 6)}
+    before = {name: t.clone() for name, t in args.items()}
+    silu_mul_record_kernel(**args)
+    written = {name for name, t in args.items() if not torch.equal(t, before[name])}
+    missing, extra = len(written - declared), len(declared - written)
+    if not missing and not extra:
+        return "declares exactly the arguments the kernel writes"
+    return f"{missing} argument(s) written but not declared, {extra} declared but only read"
+
+
 # lab 05: quantization
 
 class ChannelScale(nn.Module):
@@ -794,12 +881,165 @@ def at_least_3x_smaller(fn, width, seed) -> bool:
     return model_bytes(quantized) * 3 < model_bytes(model)
 
 
+# lab 05, exercise 4: one (granularity, bits) per layer under a size and an accuracy budget, on digits
+
+PLAN_LAYERS = ("fc1", "fc2", "fc3")
+GRANULARITIES = ("tensor", "channel", "group")
+GROUP_SIZE = 16
+PLAN_MAX_BYTES = 23_000
+PLAN_MAX_EXTRA_WRONG = 4        # more wrong test images than fp32, of digits' 450: under 1 point of accuracy
+
+
+class DigitsMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(64, 128), nn.Linear(128, 128), nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+_DIGITS_MODELS: dict[int, tuple] = {}
+
+
+def _digits_model(seed: int):
+    if seed not in _DIGITS_MODELS:
+        _DIGITS_MODELS[seed] = _train_digits_model(seed)
+    return _DIGITS_MODELS[seed]
+
+
+def _train_digits_model(seed: int):
+    from helpers.validation.upgrade import digits_split
+    x_train, y_train, x_test, y_test = digits_split(seed=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                  # bitwise-reproducible training
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = DigitsMLP()
+        opt, gen = torch.optim.Adam(model.parameters(), lr=3e-3), torch.Generator().manual_seed(seed)
+        for _ in range(300):
+            idx = torch.randint(0, len(x_train), (128,), generator=gen)
+            loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    with torch.no_grad():    # fc1's output channels spread over 100x, fc2's inputs scaled back: the same function
+        r = torch.logspace(-1, 1, 128)[torch.randperm(128, generator=torch.Generator().manual_seed(1000 + seed))]
+        model.fc1.weight.mul_(r[:, None])
+        model.fc1.bias.mul_(r)
+        model.fc2.weight.div_(r[None, :])
+    return model.eval().requires_grad_(False), x_test, y_test
+
+
+def digits_model(seed: int = 0) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """Lab 05's trained digits classifier (a copy) with its test images and labels."""
+    import copy
+    model, x_test, y_test = _digits_model(seed)
+    return copy.deepcopy(model), x_test, y_test
+
+
+def check_plan(plan) -> None:
+    """Raise ValueError unless plan maps fc1, fc2 and fc3 each to (granularity, bits)."""
+    if not isinstance(plan, dict) or set(plan) != set(PLAN_LAYERS):
+        raise ValueError(f"the plan must be a dict with the keys {', '.join(PLAN_LAYERS)}, got "
+                         f"{sorted(plan) if isinstance(plan, dict) else type(plan).__name__}")
+    for layer, choice in plan.items():
+        if not (isinstance(choice, (tuple, list)) and len(choice) == 2 and choice[0] in GRANULARITIES
+                and choice[1] in (2, 4, 8)):
+            raise ValueError(f"{layer}: {choice!r} is not (granularity, bits) with granularity one of "
+                             f"{GRANULARITIES} and bits 2, 4 or 8")
+
+
+def fake_quantize_weight(w: torch.Tensor, granularity: str, bits: int) -> torch.Tensor:
+    """w rounded to symmetric `bits`-bit codes and back, one scale per tensor, per row (output channel) or
+    per GROUP_SIZE consecutive inputs of a row."""
+    qmax = 2 ** (bits - 1) - 1
+    n, k = w.shape
+    blocks = {"tensor": w.reshape(1, -1), "channel": w, "group": w.reshape(-1, GROUP_SIZE)}[granularity]
+    scales = blocks.abs().amax(dim=1, keepdim=True) / qmax
+    codes = torch.clamp(torch.round(blocks / scales.clamp(min=1e-12)), -qmax, qmax)
+    return (codes * scales).reshape(n, k)
+
+
+def weight_bytes(shape, granularity: str, bits: int) -> int:
+    """Bytes of a quantized weight: its codes packed at `bits` bits each, plus one fp32 scale per tensor,
+    per row or per group."""
+    n, k = shape
+    scales = {"tensor": 1, "channel": n, "group": n * k // GROUP_SIZE}[granularity]
+    return (n * k * bits + 7) // 8 + 4 * scales
+
+
+def _wrong_images(model, x, y) -> int:
+    with torch.no_grad():
+        return int((model(x).argmax(-1) != y).sum())
+
+
+def plan_report(plan, seed: int = 0) -> dict:
+    """What `plan` costs on the digits model of `seed`: bytes per layer and in all, and the test images
+    wrong beyond the fp32 model's, with all layers quantized and with each layer quantized alone."""
+    import copy
+    check_plan(plan)
+    model, x, y = digits_model(seed)
+    base = _wrong_images(model, x, y)
+    quantized, alone = copy.deepcopy(model), {}
+    for layer, (granularity, bits) in plan.items():
+        w = getattr(model, layer).weight
+        getattr(quantized, layer).weight.copy_(fake_quantize_weight(w, granularity, int(bits)))
+        single = copy.deepcopy(model)
+        getattr(single, layer).weight.copy_(fake_quantize_weight(w, granularity, int(bits)))
+        alone[layer] = _wrong_images(single, x, y) - base
+    sizes = {layer: weight_bytes(getattr(model, layer).weight.shape, g, int(b)) for layer, (g, b) in plan.items()}
+    return {"bytes": sum(sizes.values()), "bytes_per_layer": sizes,
+            "extra_wrong": _wrong_images(quantized, x, y) - base, "extra_wrong_alone": alone}
+
+
+def plan_is_valid(fn) -> str:
+    check_plan(fn())
+    return "a (granularity, bits) for each of fc1, fc2, fc3"
+
+
+def plan_size(fn, seed) -> str:
+    total = plan_report(fn(), seed)["bytes"]
+    if total <= PLAN_MAX_BYTES:
+        return "within the size budget"
+    return f"{total:,} bytes of weights, over the budget"
+
+
+def plan_accuracy(fn, seed) -> str:
+    report = plan_report(fn(), seed)
+    if report["extra_wrong"] <= PLAN_MAX_EXTRA_WRONG:
+        return "within the accuracy budget"
+    worst = max(report["extra_wrong_alone"], key=report["extra_wrong_alone"].get)
+    return (f"{report['extra_wrong']} more test images wrong than fp32, over the budget; the costliest "
+            f"choice is {worst}'s")
+
+
 # lab 06: attention
 
 def broadcast_mask(fn, lengths, max_len, heads):
     """The mask broadcast to (batch, heads, max_len, max_len), as SDPA broadcasts it."""
     mask = fn(lengths, max_len)
     return mask.expand(len(lengths), heads, max_len, max_len)
+
+
+def offsets_as_int64(fn, seqs) -> torch.Tensor:
+    """pack's offsets (its second result) as int64: their values, whatever their dtype."""
+    return torch.as_tensor(fn(seqs)[1]).to(torch.int64)
+
+
+def offsets_dtype(fn, seqs) -> str:
+    return str(torch.as_tensor(fn(seqs)[1]).dtype)
+
+
+def max_len_kind(fn, seqs) -> str:
+    """What pack's third result is, in words that do not give the length away."""
+    value = fn(seqs)[2]
+    if type(value) is not int:
+        return f"a {type(value).__name__}, not a Python int"
+    return "the longest length" if value == max(s.shape[0] for s in seqs) else "an int, not the longest length"
 
 
 def backend_of(fn, q, k, v, **kwargs) -> str:
@@ -1081,3 +1321,9 @@ def interval_of(fn, *args, **kwargs):
     """The (low, high) of what fn returns as (gain, low, high)."""
     _, low, high = fn(*args, **kwargs)
     return float(low), float(high)
+
+
+def own_workload(fn, what: str, samples: int) -> str:
+    """One property of a workload function, in words (`labcheck.workload_property`)."""
+    from helpers.validation import labcheck
+    return labcheck.workload_property(fn, what, samples)

@@ -1072,6 +1072,11 @@ def swiglu_second_solution(x, w_gate, w_up, w_down):
     return F.linear(torch.ops.labs_ext.silu_mul(gate, up), w_down)
 
 
+def record_schema_second_solution():
+    # a right answer written differently: out and amax keyword-only (the out= convention), other alias letters
+    return "(Tensor(g!) gate, Tensor up, *, Tensor(o!) out, Tensor(m!) amax) -> ()"
+
+
 @pytest.mark.slow
 def test_lab_04_second_kernel_body_gets_full_marks(kernel_results):
     assert kernel_results["second_solution"] == []
@@ -1079,7 +1084,8 @@ def test_lab_04_second_kernel_body_gets_full_marks(kernel_results):
 
 @pytest.mark.parametrize("function, fn", [("silu_mul_fake", fake_second_solution),
                                           ("backward", backward_second_solution),
-                                          ("swiglu_mlp", swiglu_second_solution)])
+                                          ("swiglu_mlp", swiglu_second_solution),
+                                          ("silu_mul_record_schema", record_schema_second_solution)])
 def test_lab_04_second_solution_gets_full_marks(function, fn, request):
     if function == "swiglu_mlp":
         request.getfixturevalue("silu_mul_registered")
@@ -1178,6 +1184,36 @@ def swiglu_data_dependent(x, w_gate, w_up, w_down):
 def swiglu_no_down(x, w_gate, w_up, w_down):
     # w_down ([d, f]) used untransposed, like the input projections' weights: a shape error
     return torch.ops.labs_ext.silu_mul(x @ w_gate.T, x @ w_up.T) @ w_down
+
+
+def record_schema_no_annotations():
+    # declares nothing: the schema of an op that only reads its arguments
+    return "(Tensor gate, Tensor up, Tensor out, Tensor amax) -> ()"
+
+
+def record_schema_out_only():
+    # only the out= buffer, as in lesson 04's rms_norm_into
+    return "(Tensor gate, Tensor up, Tensor(a!) out, Tensor amax) -> ()"
+
+
+def record_schema_misses_scratch():
+    # out and amax, but not gate, which the kernel uses as scratch for the sigmoid
+    return "(Tensor gate, Tensor up, Tensor(a!) out, Tensor(b!) amax) -> ()"
+
+
+def record_schema_all_written():
+    # every tensor declared as written, to be safe: up is only read
+    return "(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) out, Tensor(d!) amax) -> ()"
+
+
+def record_schema_returns_out():
+    # returns out, as torch's own out= ops do: a custom op may not return an alias of an input
+    return "(Tensor(a!) gate, Tensor up, Tensor(b!) out, Tensor(c!) amax) -> Tensor(b!)"
+
+
+def record_schema_alias_no_write():
+    # alias annotations without '!': they say "may alias", not "writes"
+    return "(Tensor(a) gate, Tensor up, Tensor(b) out, Tensor(c) amax) -> ()"
 
 
 # --- Lab 05: quantization ------------------------------------------------------------------------
@@ -1338,6 +1374,46 @@ def quantize_calls_torch(w, bits=8):
     return q.int_repr().clamp(-qmax, qmax), scales.float()
 
 
+def plan_int8_everywhere():
+    # the safe default: 8 bits per channel on every layer
+    return {layer: ("channel", 8) for layer in ("fc1", "fc2", "fc3")}
+
+
+def plan_int4_per_tensor():
+    # 4 bits, one scale per tensor: the smallest that keeps 4 bits
+    return {layer: ("tensor", 4) for layer in ("fc1", "fc2", "fc3")}
+
+
+def plan_int4_per_channel():
+    # 4 bits per channel everywhere: a scale per row does not absorb fc2's spread over its inputs
+    return {layer: ("channel", 4) for layer in ("fc1", "fc2", "fc3")}
+
+
+def plan_int4_per_group():
+    # 4 bits per group of 16 everywhere: every group still mixes small and large inputs
+    return {layer: ("group", 4) for layer in ("fc1", "fc2", "fc3")}
+
+
+def plan_bits_where_rows_spread():
+    # 8 bits for the layer whose rows spread, 4 for the largest layer: the other way round
+    return {"fc1": ("channel", 8), "fc2": ("channel", 4), "fc3": ("channel", 8)}
+
+
+def plan_int8_per_tensor():
+    # 8 bits per tensor everywhere: fewer scales, still too many bytes
+    return {layer: ("tensor", 8) for layer in ("fc1", "fc2", "fc3")}
+
+
+def plan_not_a_plan():
+    # a format name per layer instead of (granularity, bits)
+    return {"fc1": "int4", "fc2": "int8", "fc3": "int8"}
+
+
+def choose_plan_second_solution():
+    # a right answer written differently: a list per layer, 4 bits per channel for the small head too
+    return dict(fc1=["channel", 4], fc2=["channel", 8], fc3=["channel", 4])
+
+
 def quantize_second_solution(w, bits=8):
     # a right answer written differently: float64 division, torch.where for a zero row, round-half-even
     qmax = float(2 ** (bits - 1) - 1)
@@ -1375,6 +1451,7 @@ SECOND_SOLUTIONS_03_05 = [
     ("05_quantization_lab", "quantize_weight", quantize_second_solution),
     ("05_quantization_lab", "int8_linear", int8_linear_second_solution),
     ("05_quantization_lab", "quantize_model", quantize_model_second_solution),
+    ("05_quantization_lab", "choose_plan", choose_plan_second_solution),
 ]
 
 
@@ -1451,6 +1528,30 @@ def pack_total_as_max(seqs):
     cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
     cu[1:] = lengths.cumsum(0)
     return torch.cat(seqs), cu, int(lengths.sum())
+
+
+def pack_counts(seqs):
+    # the lengths themselves, not their running sum
+    lengths = torch.tensor([s.shape[0] for s in seqs], dtype=torch.int32)
+    return torch.cat(seqs), torch.cat([torch.zeros(1, dtype=torch.int32), lengths]), int(lengths.max())
+
+
+def pack_padded(seqs):
+    # pads to the longest and stacks: the padding rows become tokens
+    lengths = torch.tensor([s.shape[0] for s in seqs])
+    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    padded = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
+    return padded.flatten(0, 1), cu, int(lengths.max())
+
+
+def pack_second_solution(seqs):
+    # a right answer written differently: offsets from a Python running sum, max() over the shapes
+    ends, total = [0], 0
+    for s in seqs:
+        total += len(s)
+        ends.append(total)
+    return torch.cat(list(seqs), dim=0), torch.tensor(ends, dtype=torch.int32), max(len(s) for s in seqs)
 
 
 class _Record(torch.utils._python_dispatch.TorchDispatchMode):
@@ -1668,6 +1769,7 @@ def test_lab_02_plan_harness_follows_the_installed_inductor():
 SECOND_SOLUTIONS = [
     ("02_fusion_lab", "plan_combo_launch", plan_second_solution),
     ("02_fusion_lab", "launch_three_part", launch_once_stand_in),
+    ("06_attention_lab", "pack", pack_second_solution),
     ("06_attention_lab", "ops_dispatched", ops_second_solution),
     ("06_attention_lab", "bucketed_attention", bucketed_second_solution),
     ("06_attention_lab", "prefix_lm_mask_mod", prefix_lm_second_solution),
@@ -2081,111 +2183,176 @@ def test_second_solution_labs_07_08_gets_full_marks(lab, function, fn):
 
 # --- Lab 09: migration ---------------------------------------------------------------------------
 
-def _medians(a, b, n_boot, seed, same_index=False):
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    rng = np.random.default_rng(seed)
-    ia = rng.integers(0, len(a), (n_boot, len(a)))
-    ib = ia if same_index else rng.integers(0, len(b), (n_boot, len(b)))
-    return a, b, np.median(a[ia], axis=1), np.median(b[ib], axis=1)
+def _round_medians(rounds_a, rounds_b, stat=np.median):
+    return np.array([stat(r) for r in rounds_a]), np.array([stat(r) for r in rounds_b])
 
 
-def _interval_answer(percentiles=(2.5, 97.5), invert=False, stat=np.median, same_index=False, gain_of_draws=False):
-    """median_gain_interval with one thing changed (the right answer with the defaults)."""
-    def median_gain_interval(samples_a, samples_b, better, n_boot=2000, seed=0):
-        a, b, ma, mb = _medians(samples_a, samples_b, n_boot, seed, same_index)
-        lower = (better == "lower") != invert
-        gains = ma / mb if lower else mb / ma
-        gain = stat(a) / stat(b) if lower else stat(b) / stat(a)
-        if gain_of_draws:
-            gain = np.median(gains)
-        low, high = np.percentile(gains, percentiles)
-        return float(gain), float(low), float(high)
-    return median_gain_interval
-
-
-interval_inverted = _interval_answer(invert=True)              # B / A for a time, A / B for a throughput
-interval_mean_gain = _interval_answer(stat=np.mean)            # the gain of the means, not the medians
-interval_gain_of_draws = _interval_answer(gain_of_draws=True)  # the gain as the median of the resampled gains
-interval_same_index = _interval_answer(same_index=True)        # resamples B with A's indices (len(A) draws)
-interval_90 = _interval_answer(percentiles=(5, 95))            # the 5th and 95th percentiles: a 90% interval
-
-
-def interval_no_replacement(samples_a, samples_b, better, n_boot=2000, seed=0):
-    # resamples by permutation (without replacement): every draw has the same median
-    a, b = np.asarray(samples_a, dtype=float), np.asarray(samples_b, dtype=float)
-    rng = np.random.default_rng(seed)
-    ma = np.array([np.median(rng.permutation(a)) for _ in range(n_boot)])
-    mb = np.array([np.median(rng.permutation(b)) for _ in range(n_boot)])
-    gains = ma / mb if better == "lower" else mb / ma
-    low, high = np.percentile(gains, [2.5, 97.5])
-    return float(gains[0]), float(low), float(high)
-
-
-def interval_calls_stats(samples_a, samples_b, better, n_boot=2000, seed=0):
-    # the helper the exercise asks to write
+def _paired_answer(stat=np.median, quantile=None, ddof=1, arithmetic=False, ignore_better=False):
+    """paired_interval with one thing changed (the right answer with the defaults)."""
     from helpers.validation import stats
-    r = stats.bootstrap_gain(samples_a, samples_b, better, n_boot=n_boot, seed=seed)
-    return r["gain"], r["low"], r["high"]
+
+    def paired_interval(rounds_a, rounds_b, better):
+        if len(rounds_a) != len(rounds_b) or len(rounds_a) < 2:
+            raise ValueError("need the same number of rounds on each side, at least two")
+        ma, mb = _round_medians(rounds_a, rounds_b, stat)
+        lower = better == "lower" or ignore_better
+        d = np.log(ma / mb) if lower else np.log(mb / ma)
+        k = len(d)
+        half = (quantile or stats.t_quantile(0.975, k - 1)) * d.std(ddof=ddof) / np.sqrt(k)
+        gain = (ma.mean() / mb.mean() if lower else mb.mean() / ma.mean()) if arithmetic else np.exp(d.mean())
+        return float(gain), float(np.exp(d.mean() - half)), float(np.exp(d.mean() + half))
+    return paired_interval
 
 
-def verdict_interval_only(gain, low, high):
-    # the interval alone: a 1% change with a tight interval is flagged
-    return "regression" if high < 1 else "improvement" if low > 1 else "within noise"
+paired_z = _paired_answer(quantile=1.96)                  # the normal quantile whatever the number of pairs
+paired_ddof0 = _paired_answer(ddof=0)                     # the population standard deviation
+paired_arithmetic = _paired_answer(arithmetic=True)       # the gain as a ratio of the mean round medians
+paired_ignores_better = _paired_answer(ignore_better=True)  # A / B for a throughput too
+paired_round_means = _paired_answer(stat=np.mean)         # each round summarised by its mean
 
 
-def verdict_gain_only(gain, low, high):
-    # the gain alone: a change the interval does not exclude is flagged
+def paired_unpaired(rounds_a, rounds_b, better):
+    # each side's spread on its own (the old unpaired way): the shared slow stretches stay in the interval
     from helpers.validation import stats
-    return ("regression" if gain < 1 / (1 + stats.MIN_CHANGE) else
-            "improvement" if gain > 1 + stats.MIN_CHANGE else "within noise")
+    if len(rounds_a) != len(rounds_b) or len(rounds_a) < 2:
+        raise ValueError("need the same number of rounds on each side, at least two")
+    la, lb = (np.log(m) for m in _round_medians(rounds_a, rounds_b))
+    d = (la.mean() - lb.mean()) * (1 if better == "lower" else -1)
+    k = len(la)
+    half = stats.t_quantile(0.975, k - 1) * np.sqrt(la.var(ddof=1) / k + lb.var(ddof=1) / k)
+    return float(np.exp(d)), float(np.exp(d - half)), float(np.exp(d + half))
 
 
-def verdict_one_minus(gain, low, high):
-    # 1 - MIN_CHANGE for a regression instead of 1 / (1 + MIN_CHANGE)
+def paired_bootstrap(rounds_a, rounds_b, better):
+    # a percentile bootstrap over the pairs: too few distinct resamples with a handful of pairs
+    if len(rounds_a) != len(rounds_b) or len(rounds_a) < 2:
+        raise ValueError("need the same number of rounds on each side, at least two")
+    ma, mb = _round_medians(rounds_a, rounds_b)
+    d = np.log(ma / mb) if better == "lower" else np.log(mb / ma)
+    draws = np.random.default_rng(0).integers(0, len(d), (4000, len(d)))
+    low, high = np.percentile(d[draws].mean(axis=1), [2.5, 97.5])
+    return float(np.exp(d.mean())), float(np.exp(low)), float(np.exp(high))
+
+
+def paired_per_call(rounds_a, rounds_b, better):
+    # every call paired with the other side's call of the same index: calls are not the pairs
     from helpers.validation import stats
-    if high < 1 and gain < 1 - stats.MIN_CHANGE:
-        return "regression"
-    if low > 1 and gain > 1 + stats.MIN_CHANGE:
-        return "improvement"
-    return "within noise"
+    if len(rounds_a) != len(rounds_b) or len(rounds_a) < 2:
+        raise ValueError("need the same number of rounds on each side, at least two")
+    a, b = sum(map(list, rounds_a), []), sum(map(list, rounds_b), [])
+    n = min(len(a), len(b))
+    d = np.log(np.array(a[:n]) / np.array(b[:n])) * (1 if better == "lower" else -1)
+    half = stats.t_quantile(0.975, n - 1) * d.std(ddof=1) / np.sqrt(n)
+    return float(np.exp(d.mean())), float(np.exp(d.mean() - half)), float(np.exp(d.mean() + half))
 
 
-def verdict_low_for_regression(gain, low, high):
-    # a regression when the interval's LOW end is below 1
+def paired_second(rounds_a, rounds_b, better):
+    # a second correct solution: scipy's t quantile, sums written out, a different sign convention
+    import math
+    from statistics import median
+
+    from scipy.stats import t as student_t
+    k = len(rounds_a)
+    if k != len(rounds_b):
+        raise ValueError(f"A has {k} rounds and B {len(rounds_b)}: pair them one to one")
+    if k < 2:
+        raise ValueError("one pair of rounds says nothing about the noise: run at least two")
+    sign = 1.0 if better == "lower" else -1.0
+    logs = [sign * (math.log(median(a)) - math.log(median(b))) for a, b in zip(rounds_a, rounds_b)]
+    mean = sum(logs) / k
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (k - 1))
+    half = student_t.ppf(0.975, k - 1) * sd / math.sqrt(k)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def _decide_answer(floor=True, interval=True, detectable=True, fraction=True, no_interval=True):
+    """decide with one rule dropped (the right answer with the defaults)."""
     from helpers.validation import stats
-    if low < 1 and gain < 1 / (1 + stats.MIN_CHANGE):
-        return "regression"
-    if low > 1 and gain > 1 + stats.MIN_CHANGE:
-        return "improvement"
-    return "within noise"
+
+    def decide(row, wanted):
+        if no_interval and row.get("low") is None:
+            return "cannot tell"
+        gain = row["gain"]
+        below, above = (row["high"] < 1, row["low"] > 1) if interval else (gain < 1, gain > 1)
+        if below and (gain < 1 / (1 + stats.MIN_CHANGE) or not floor):
+            return "regression"
+        if above and (gain > 1 + stats.MIN_CHANGE or not floor):
+            return "improvement"
+        if not detectable:
+            return "no change of that size"
+        return "no change of that size" if row["detectable"] <= (wanted if fraction else 1 + wanted) else "cannot tell"
+    return decide
 
 
-@functools.lru_cache(maxsize=None)
-def _typed_migration():
-    return gs._read_migration(*gs._recorded_matrix())
+decide_no_floor = _decide_answer(floor=False)             # a 1% change with a tight interval called a change
+decide_gain_only = _decide_answer(interval=False)         # a gain below 1 called a regression, interval ignored
+decide_ignores_detectable = _decide_answer(detectable=False)   # within noise read as "no change"
+decide_one_plus_wanted = _decide_answer(fraction=False)   # detectable compared with 1 + wanted
+decide_needs_interval = _decide_answer(no_interval=False)  # assumes every row has an interval
 
 
-def read_migration_typed(run_a, run_b, report):
-    # the numbers typed in from the recorded report, whatever report it is given
-    return copy.deepcopy(_typed_migration())
+def decide_second(row, wanted):
+    # a second correct solution: the interval's position first, then the floor, then what the run could see
+    from helpers.validation import stats
+    low, high, gain = row.get("low"), row.get("high"), row.get("gain")
+    if low is None or high is None:
+        return "cannot tell"
+    beyond_floor = abs(np.log(gain)) > np.log1p(stats.MIN_CHANGE)
+    if beyond_floor and not low <= 1 <= high:
+        return "regression" if high < 1 else "improvement"
+    return "cannot tell" if row["detectable"] > wanted else "no change of that size"
 
 
-def read_migration_b_first(run_a, run_b, report):
-    # every pair as (B, A)
-    answers = gs._read_migration(run_a, run_b, report)
-    return {k: tuple(reversed(v)) if k.endswith(("_path", "_accuracy")) else v for k, v in answers.items()}
+def _slowdowns(report_ac, workload):
+    return {r["figure"]: (1 / r["gain"], 1 / r["high"], 1 / r["low"]) for r in report_ac["rows"]
+            if r["workload"] == workload and r.get("status") == "regression"}
 
 
-def read_migration_loop_row(run_a, run_b, report):
-    # the DLRM step read from the loop_step_time row
-    answers = gs._read_migration(run_a, run_b, report)
-    row = next(r for r in report["rows"] if (r["workload"], r["figure"]) == ("dlrm_moe_train", "loop_step_time"))
-    return {**answers, "dlrm_step": (row["gain"], row["low"], row["high"], row["status"])}
+def find_slowdown_lowest_gain(report_ab, report_ac):
+    # the workload of the lowest point gain in A against C: a noisy row can be lower
+    row = min((r for r in report_ac["rows"] if r.get("gain") is not None), key=lambda r: r["gain"])
+    return {"workload": row["workload"], "slowdowns": _slowdowns(report_ac, row["workload"])}
 
 
-def read_migration_no_regressions(run_a, run_b, report):
-    # "regressions": [] typed in, as the recorded report has none
-    return {**gs._read_migration(run_a, run_b, report), "regressions": []}
+def find_slowdown_first_regression(report_ab, report_ac):
+    # the first regression in A against C, already there in A against B or not
+    row = next(r for r in report_ac["rows"] if r.get("status") == "regression")
+    return {"workload": row["workload"], "slowdowns": _slowdowns(report_ac, row["workload"])}
+
+
+def find_slowdown_gains(report_ab, report_ac):
+    # the gains and their intervals, not the slowdowns
+    answer = gs._find_slowdown(report_ab, report_ac)
+    rows = {r["figure"]: r for r in report_ac["rows"] if r["workload"] == answer["workload"]}
+    return answer | {"slowdowns": {f: (rows[f]["gain"], rows[f]["low"], rows[f]["high"]) for f in answer["slowdowns"]}}
+
+
+def find_slowdown_ends_kept(report_ab, report_ac):
+    # inverted, but each end kept in its place: the interval comes out upside down
+    answer = gs._find_slowdown(report_ab, report_ac)
+    return answer | {"slowdowns": {f: (s, high, low) for f, (s, low, high) in answer["slowdowns"].items()}}
+
+
+def find_slowdown_every_row(report_ab, report_ac):
+    # every row of the workload, the p99 rows that are not reported too
+    workload = gs._find_slowdown(report_ab, report_ac)["workload"]
+    return {"workload": workload, "slowdowns": {r["figure"]: (1 / r["gain"], 1 / r["high"], 1 / r["low"])
+                                                for r in report_ac["rows"] if r["workload"] == workload
+                                                and r.get("stat") != "exact"}}
+
+
+def find_slowdown_second(report_ab, report_ac):
+    # a second correct solution: the workloads whose regression count grew, read through a table
+    def regressions(report):
+        out = {}
+        for r in report["rows"]:
+            if r.get("status") == "regression":
+                out.setdefault(r["workload"], {})[r["figure"]] = r
+        return out
+    before, after = regressions(report_ab), regressions(report_ac)
+    (workload,) = [w for w in after if set(after[w]) - set(before.get(w, {}))]
+    return {"workload": workload, "slowdowns": {f: tuple(float(1 / r[k]) for k in ("gain", "high", "low"))
+                                                for f, r in after[workload].items()}}
 
 
 def find_drift_first_changed(report):
@@ -2202,6 +2369,91 @@ def find_drift_typed(report):
 def find_drift_status_too(report):
     # returns the whole row
     return dict(next(n for n in report["numerics"] if n["status"] == "drift"))
+
+
+def find_drift_second(report):
+    # a second correct solution: the worst row over its tolerance
+    over = [n for n in report["numerics"] if n.get("max_rel_diff", 0) > n.get("tolerance", float("inf"))
+            or n["status"] == "drift"]
+    row = max(over, key=lambda n: n.get("max_rel_diff", float("inf")))
+    return {k: row[k] for k in ("workload", "output", "max_rel_diff")}
+
+
+def _checkpoint_answer(averaged=False, better="lower", torch_inputs=False, only_figures=False):
+    """checkpoint_workload with one thing changed (the right answer with the defaults)."""
+    import io
+
+    from helpers.validation import models, reference, workloads
+
+    def checkpoint_workload(quick, device, compile=False, samples=None):
+        model = models.seed_parameters_(nn.Linear(16, 4), seed=3).to(device)
+        x = (torch.randn(8, 16) if torch_inputs else models.randn(8, 16, seed=4)).to(device)
+
+        def round_trip():
+            buffer = io.BytesIO()
+            torch.save(model.state_dict(), buffer)
+            buffer.seek(0)
+            copy_ = nn.Linear(16, 4).to(device)
+            copy_.load_state_dict(torch.load(buffer, weights_only=True))
+            return copy_
+        with torch.no_grad():
+            out = round_trip()(x)
+        seconds = workloads.sample_calls({"trip": round_trip}, device, samples or 20)["trip"]
+        if averaged:
+            seconds = [sum(seconds) / len(seconds)]
+        figures = {"trip_time": {**workloads.figure(seconds), "better": better}}
+        if only_figures:
+            return figures
+        references, tensors = reference.record({"out": out})
+        return {"config": {}, "figures": figures, "paths": {}, "notes": {}, "references": references,
+                "_tensors": tensors}
+    return checkpoint_workload
+
+
+checkpoint_averaged = _checkpoint_answer(averaged=True)          # one averaged sample for all calls
+checkpoint_better_reversed = _checkpoint_answer(better="higher")  # a time marked better higher
+checkpoint_torch_randn = _checkpoint_answer(torch_inputs=True)   # inputs from torch's global random state
+checkpoint_figures_only = _checkpoint_answer(only_figures=True)  # the figures alone, not a workload record
+
+
+def checkpoint_second(quick, device, compile=False, samples=None):
+    # a second correct solution: a rate figure (better higher), its own timing loop, a file on disk
+    import tempfile
+    import time
+
+    from helpers.validation import models, reference
+    from helpers.validation.workloads import figure
+    model = models.seed_parameters_(nn.Sequential(nn.Linear(8, 8), nn.Tanh()), seed=11).to(device)
+    x = models.randn(4, 8, seed=12).to(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "ckpt.pt"
+
+        def round_trip():
+            torch.save(model.state_dict(), path)
+            fresh = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).to(device)
+            fresh.load_state_dict(torch.load(path, weights_only=True))
+            return fresh
+        seconds = []
+        for _ in range(samples or 10):
+            start = time.perf_counter()
+            round_trip()
+            seconds.append(time.perf_counter() - start)
+        with torch.no_grad():
+            out = round_trip()(x)
+    references, tensors = reference.record({"reloaded": out})
+    return {"config": {"width": 8}, "figures": {"trips_per_s": figure(seconds, unit="trips/s", better="higher")},
+            "paths": {"format": "torch.save zip file"}, "notes": {}, "references": references, "_tensors": tensors}
+
+
+SECOND_SOLUTIONS_09 = [("paired_interval", paired_second), ("decide", decide_second),
+                       ("find_slowdown", find_slowdown_second), ("find_drift", find_drift_second),
+                       ("checkpoint_workload", checkpoint_second)]
+
+
+@pytest.mark.parametrize("function, fn", SECOND_SOLUTIONS_09, ids=[f for f, _ in SECOND_SOLUTIONS_09])
+def test_lab_09_second_solution_gets_full_marks(function, fn):
+    """A correct solution written differently from the notebook's passes every case, visible and hidden."""
+    assert run_cases("09_migration_lab", fn, function) == []
 
 
 # --- The table: (lab, function, wrong answer, the case it fails, text of that case's hint) -------
@@ -2407,6 +2659,19 @@ WRONG = [
     Wrong(L04, "swiglu_mlp", "graph-break", swiglu_data_dependent,
           "compiled with fullgraph=True: values and gradients", "Look first in swiglu_mlp"),
 
+    Wrong(L04, "silu_mul_record_schema", "no-annotations", record_schema_no_annotations,
+          "opcheck passes (float32, 3 x 5)", "each one needs an alias annotation with '!'"),
+    Wrong(L04, "silu_mul_record_schema", "out-only", record_schema_out_only, "opcheck passes (float32, 3 x 5)",
+          "found an argument written that the schema does not declare"),
+    Wrong(L04, "silu_mul_record_schema", "misses-scratch", record_schema_misses_scratch,
+          "opcheck passes (float32, 3 x 5)", "whatever the argument's name says it is for"),
+    Wrong(L04, "silu_mul_record_schema", "all-written", record_schema_all_written,
+          "declares exactly the arguments the kernel writes", "one it only reads costs a copy"),
+    Wrong(L04, "silu_mul_record_schema", "returns-out", record_schema_returns_out,
+          "an op that writes its arguments returns nothing", "whose output aliases one of its inputs"),
+    Wrong(L04, "silu_mul_record_schema", "alias-without-write", record_schema_alias_no_write,
+          "opcheck passes (float32, 3 x 5)", "an alias annotation with '!'"),
+
     Wrong(L05, "quantize_weight", "per-tensor", quantize_per_tensor, "one fp32 scale per row",
           "one value per output row"),
     Wrong(L05, "quantize_weight", "per-column", quantize_per_column, "one fp32 scale per row", "reduce over the inputs"),
@@ -2441,6 +2706,21 @@ WRONG = [
     Wrong(L05, "quantize_model", "library-int8-linear", quantize_model_library_layer, "every nn.Linear replaced",
           FORBIDDEN_HINT),
 
+    Wrong(L05, "choose_plan", "int8-everywhere", plan_int8_everywhere, "weights within 23,000 bytes",
+          "8 bits on every layer is over the budget"),
+    Wrong(L05, "choose_plan", "int8-per-tensor", plan_int8_per_tensor, "weights within 23,000 bytes",
+          "whatever the granularity"),
+    Wrong(L05, "choose_plan", "int4-per-tensor", plan_int4_per_tensor, "at most 4 more test images wrong than fp32",
+          "a scale per row absorbs a spread over rows"),
+    Wrong(L05, "choose_plan", "int4-per-channel", plan_int4_per_channel, "at most 4 more test images wrong than fp32",
+          "a spread over columns (the inputs)"),
+    Wrong(L05, "choose_plan", "int4-per-group", plan_int4_per_group, "at most 4 more test images wrong than fp32",
+          "every group of 16"),
+    Wrong(L05, "choose_plan", "bits-where-rows-spread", plan_bits_where_rows_spread,
+          "at most 4 more test images wrong than fp32", "only more bits keep the small ones"),
+    Wrong(L05, "choose_plan", "format-names", plan_not_a_plan, "a (granularity, bits) for each layer",
+          "each mapped to (granularity, bits)"),
+
     Wrong(L06, "key_mask", "true-on-padding", key_mask_true_on_padding, "a boolean mask, True on real keys",
           "True where the key is a real token"),
     Wrong(L06, "key_mask", "2d-mask", key_mask_2d, "a boolean mask, True on real keys",
@@ -2450,10 +2730,15 @@ WRONG = [
           "position < length"),
     Wrong(L06, "key_mask", "masks-queries", key_mask_queries, "a boolean mask, True on real keys",
           "shape (batch, 1, 1, max_len)"),
-    Wrong(L06, "pack", "int64-offsets", pack_int64, "three sequences", "as torch.int32"),
-    Wrong(L06, "pack", "no-leading-zero", pack_no_leading_zero, "three sequences", "offsets [0, n0, n0+n1, ...]"),
-    Wrong(L06, "pack", "tensor-max-len", pack_tensor_max, "three sequences", "the longest length as a Python int"),
-    Wrong(L06, "pack", "total-as-max", pack_total_as_max, "three sequences", "the longest length"),
+    Wrong(L06, "pack", "int64-offsets", pack_int64, "three sequences: cu_seq's dtype", "cumsum of int64 lengths"),
+    Wrong(L06, "pack", "no-leading-zero", pack_no_leading_zero, "three sequences: cu_seq's values",
+          "one entry more than there are sequences"),
+    Wrong(L06, "pack", "counts-not-offsets", pack_counts, "three sequences: cu_seq's values",
+          "from cu_seq[i] to cu_seq[i + 1]"),
+    Wrong(L06, "pack", "tensor-max-len", pack_tensor_max, "three sequences: max_len", "a 0-d tensor is not an int"),
+    Wrong(L06, "pack", "total-as-max", pack_total_as_max, "three sequences: max_len", "(not the total)"),
+    Wrong(L06, "pack", "stacked-padded", pack_padded, "three sequences: the packed tokens",
+          "one after another, in the order given"),
     Wrong(L06, "ops_dispatched", "drops-kwargs", ops_drops_kwargs, "dropout", "pass every keyword to SDPA"),
     Wrong(L06, "ops_dispatched", "str-names", ops_str_names, "the default choice", "append func.name()"),
     Wrong(L06, "ops_dispatched", "torch-function-mode", ops_torch_function_mode, "the default choice",
@@ -2561,38 +2846,50 @@ WRONG = [
           "returns the loaded module (callable)", "an ExportedProgram itself cannot be called"),
     Wrong(L08, "export_and_reload", "torchscript", export_torchscript,
           "export accepts the batch as dynamic (a loop-free forward)", FORBIDDEN_HINT),
-    Wrong(L09, "median_gain_interval", "inverted-gain", interval_inverted, "times, B 20% slower: the gain",
-          "median(A) / median(B) for a time"),
-    Wrong(L09, "median_gain_interval", "mean-gain", interval_mean_gain, "times, B 20% slower: the gain",
-          "gain = median(A) / median(B)"),
-    Wrong(L09, "median_gain_interval", "gain-of-draws", interval_gain_of_draws, "times, B 20% slower: the gain",
-          "gain = median(A) / median(B)"),
-    Wrong(L09, "median_gain_interval", "same-indices", interval_same_index, "times, B 20% slower: the 95% interval",
-          "len(A) draws from A, len(B) from B"),
-    Wrong(L09, "median_gain_interval", "no-replacement", interval_no_replacement,
-          "times, B 20% slower: the 95% interval", "resample each side with replacement"),
-    Wrong(L09, "median_gain_interval", "calls-bootstrap-gain", interval_calls_stats, "times, B 20% slower: the gain",
-          "gain = median(A) / median(B)"),
-    Wrong(L09, "median_gain_interval", "90-percent", interval_90, "400 samples a side, n_boot=20000: a 95% interval", "the 2.5th and 97.5th percentiles"),
-    Wrong(L09, "verdict", "interval-only", verdict_interval_only, "gain 0.990, interval [0.985, 0.995]",
-          "the gain below 1 / (1 + 0.02)"),
-    Wrong(L09, "verdict", "gain-only", verdict_gain_only, "gain 0.900, interval [0.850, 1.010]",
-          "the whole interval below 1"),
-    Wrong(L09, "verdict", "one-minus-min-change", verdict_one_minus, "gain 0.980, interval [0.970, 0.990]", "1 / (1 + 0.02)"),
-    Wrong(L09, "verdict", "low-end-for-regression", verdict_low_for_regression, "gain 0.900, interval [0.850, 1.010]",
-          "the whole interval below 1"),
-    Wrong(L09, "read_migration", "typed-numbers", read_migration_typed, "A and B the other way round",
-          "each pair is (from the first run, from the second run)"),
-    Wrong(L09, "read_migration", "b-first", read_migration_b_first, "the recorded 2.9.1 -> 2.10.0 run",
-          "read each answer from run_a, run_b and report"),
-    Wrong(L09, "read_migration", "loop-row", read_migration_loop_row, "the recorded 2.9.1 -> 2.10.0 run",
-          "read each answer from run_a, run_b and report"),
-    Wrong(L09, "read_migration", "no-regressions-typed", read_migration_no_regressions, "a report with regressions",
-          "every row whose status is 'regression'"),
+    Wrong(L09, "paired_interval", "unpaired", paired_unpaired,
+          "slow stretches shared by each pair of rounds: the 95% interval", "not of each side separately"),
+    Wrong(L09, "paired_interval", "bootstrap-pairs", paired_bootstrap,
+          "slow stretches shared by each pair of rounds: the 95% interval", "not a resampling of the pairs"),
+    Wrong(L09, "paired_interval", "normal-quantile", paired_z, "3 pairs: the 95% interval", "not the normal 1.96"),
+    Wrong(L09, "paired_interval", "ddof-0", paired_ddof0, "3 pairs: the 95% interval", "k - 1 in its denominator"),
+    Wrong(L09, "paired_interval", "arithmetic-means", paired_arithmetic, "times, 6 rounds, B about 10% slower: the gain",
+          "not a ratio of averages"),
+    Wrong(L09, "paired_interval", "better-ignored", paired_ignores_better,
+          "throughputs (better higher), 3 rounds: the gain", "for a throughput B / A"),
+    Wrong(L09, "paired_interval", "per-call-pairs", paired_per_call,
+          "rounds of unequal length with slow outliers: the gain", "the rounds are the pairs, not the calls"),
+    Wrong(L09, "paired_interval", "round-means", paired_round_means,
+          "rounds of unequal length with slow outliers: the gain", "one value per round (its median)"),
+    Wrong(L09, "decide", "no-floor", decide_no_floor, "0.99x, interval [0.985, 0.995]", "within 2%"),
+    Wrong(L09, "decide", "gain-only", decide_gain_only, "0.90x, interval [0.78, 1.04]", "the whole interval below 1"),
+    Wrong(L09, "decide", "ignores-detectable", decide_ignores_detectable,
+          "1.02x, interval [0.70, 1.49], detectable 55%, wanted 10%", "detectable <= wanted"),
+    Wrong(L09, "decide", "one-plus-wanted", decide_one_plus_wanted,
+          "1.02x, interval [0.70, 1.49], detectable 55%, wanted 10%", "both fractions"),
+    Wrong(L09, "decide", "needs-interval", decide_needs_interval, "one pair of rounds", "fewer than two pairs"),
+    Wrong(L09, "find_slowdown", "lowest-gain", find_slowdown_lowest_gain,
+          "B noisy in another workload: its gain is the lowest, but within noise", "a low gain whose interval contains 1"),
+    Wrong(L09, "find_slowdown", "first-regression", find_slowdown_first_regression,
+          "B with a regression of its own in another workload: the new regressions are the injection",
+          "A against B does not have"),
+    Wrong(L09, "find_slowdown", "gains", find_slowdown_gains, "seed 0: the workload and its slowdowns",
+          "the inverse of the gain"),
+    Wrong(L09, "find_slowdown", "ends-kept", find_slowdown_ends_kept, "seed 0: the workload and its slowdowns",
+          "ends swap"),
+    Wrong(L09, "find_slowdown", "every-row", find_slowdown_every_row, "bert_infer slowed (its p99 rows are not reported)",
+          "a figure not reported has no gain"),
     Wrong(L09, "find_drift", "first-changed-row", find_drift_first_changed, "the injected change, seed 5", "a changed hash alone is not a drift"),
     Wrong(L09, "find_drift", "typed-answer", find_drift_typed, "the injected change, seed 5", "return the numerics row whose status is 'drift'"),
     Wrong(L09, "find_drift", "whole-row", find_drift_status_too, "the injected change, seed 0",
           "with its max_rel_diff"),
+    Wrong(L09, "checkpoint_workload", "averaged", checkpoint_averaged, "5 samples asked, 5 timed calls",
+          "not one averaged number"),
+    Wrong(L09, "checkpoint_workload", "better-reversed", checkpoint_better_reversed, "better matches the unit",
+          "a time (unit s) is better lower"),
+    Wrong(L09, "checkpoint_workload", "torch-randn", checkpoint_torch_randn, "outputs independent of torch's seed",
+          "not torch's global random state"),
+    Wrong(L09, "checkpoint_workload", "figures-only", checkpoint_figures_only, "a workload record",
+          "return the record every workload returns"),
 ]
 
 CHILD_EXERCISES = {(L04, "silu_mul_body")}        # their cases build C++: run in a child process

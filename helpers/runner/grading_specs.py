@@ -559,6 +559,32 @@ def _swiglu_cases(gen):
     ]
 
 
+RECORD_SCHEMA = "(Tensor(a!) gate, Tensor up, Tensor(b!) out, Tensor(c!) amax) -> ()"
+
+
+def _record_schema_cases(gen):
+    returns = ("the kernel returns None, and torch.compile refuses a custom op whose output aliases one of its "
+               "inputs (opcheck's test_aot_dispatch_dynamic): an op that writes its arguments returns nothing")
+    undeclared = ("opcheck's test_schema ran the kernel and found an argument written that the schema does not "
+                  "declare as written: each one needs an alias annotation with '!', a letter of its own. Read the "
+                  "kernel line by line: copy_, an in-place method (its name ends in _) and out= all write, "
+                  "whatever the argument's name says it is for")
+    extra = ("declare only the arguments the kernel writes: under torch.compile every argument declared as "
+             "written is cloned and written back (auto_functionalized), so one it only reads costs a copy")
+    return [
+        Case("an op that writes its arguments returns nothing", (), call="record_returns",
+             expected="returns nothing", expect_value=True, hint=returns),
+        Case("opcheck passes (float32, 3 x 5)", ((3, 5), "float32"), call="record_opcheck",
+             expected="every opcheck test passes", expect_value=True, hint=undeclared),
+        Case("declares exactly the arguments the kernel writes", (), call="record_declarations",
+             expected="declares exactly the arguments the kernel writes", expect_value=True, hint=extra),
+        Case("opcheck passes (bfloat16, 2 x 3 x 4)", ((2, 3, 4), "bfloat16"), call="record_opcheck",
+             expected="every opcheck test passes", expect_value=True, hidden=True, hint=undeclared),
+        Case("opcheck passes (float64, 7)", ((7,), "float64"), call="record_opcheck",
+             expected="every opcheck test passes", expect_value=True, hidden=True, hint=undeclared),
+    ]
+
+
 # --- Lab 05: quantization ------------------------------------------------------------------------
 
 def _quantize_weight(w, bits=8):
@@ -677,6 +703,35 @@ def _quantize_model_cases(gen):
     ]
 
 
+def _choose_plan():
+    return {"fc1": ("channel", 4), "fc2": ("channel", 8), "fc3": ("channel", 8)}
+
+
+def _plan_cases(gen):
+    size = ("the bytes are the codes (bits / 8 per weight) plus 4 per scale: 8 bits on every layer is over the "
+            "budget whatever the granularity, and a scale per group of 16 adds a quarter byte per weight. Spend "
+            "the bits where a layer needs them, not everywhere")
+    accuracy = ("for each layer, find where its weights' magnitudes spread (compare the largest magnitude of each "
+                "row with that of each column): a scale per row absorbs a spread over rows (the "
+                "output channels), while a spread over columns (the inputs) puts small and large weights in every "
+                "row and every group of 16, where only more bits keep the small ones. plan_report's "
+                "extra_wrong_alone measures each layer's choice on its own")
+    valid = ("return a dict with the keys 'fc1', 'fc2', 'fc3', each mapped to (granularity, bits): granularity "
+             "'tensor', 'channel' or 'group', bits 2, 4 or 8")
+    return [
+        Case("a (granularity, bits) for each layer", (), call="plan_is_valid",
+             expected="a (granularity, bits) for each of fc1, fc2, fc3", expect_value=True, hint=valid),
+        Case("weights within 23,000 bytes", (0,), call="plan_size", expected="within the size budget",
+             expect_value=True, hint=size),
+        Case("at most 4 more test images wrong than fp32", (0,), call="plan_accuracy",
+             expected="within the accuracy budget", expect_value=True, hint=accuracy),
+        Case("the same plan on the model trained with seed 1", (1,), call="plan_accuracy",
+             expected="within the accuracy budget", expect_value=True, hidden=True, hint=accuracy),
+        Case("the same plan on the model trained with seed 2", (2,), call="plan_accuracy",
+             expected="within the accuracy budget", expect_value=True, hidden=True, hint=accuracy),
+    ]
+
+
 # --- Lab 06: attention ---------------------------------------------------------------------------
 
 def _key_mask(lengths, max_len):
@@ -702,13 +757,23 @@ def _pack(seqs):
 
 
 def _pack_cases(gen):
-    hint = ("(torch.cat(seqs), offsets [0, n0, n0+n1, ...] as torch.int32 (cumsum gives int64: convert), "
-            "the longest length as a Python int)")
+    tokens = ("the packed tensor holds every sequence's tokens one after another, in the order given, along the "
+              "token dimension (dim 0); heads and head_dim stay as they are")
+    dtype = "cumsum of int64 lengths is int64, and the flash kernel's offsets are int32: convert them"
+    offsets = ("varlen_attn reads sequence i as the packed rows from cu_seq[i] to cu_seq[i + 1], so cu_seq has one "
+               "entry more than there are sequences, and its first and last entries bound the whole packed tensor")
+    longest = ("max_len is the length of the longest single sequence (not the total), as a Python int: a 0-d "
+               "tensor is not an int, and the kernel takes it as an int argument")
+    whole = "each part as the visible cases check it: the tokens, cu_seq's values and dtype, and max_len"
     seqs = lambda lengths: [torch.randn(n, 2, 4, generator=gen) for n in lengths]   # noqa: E731
+    three = seqs([3, 7, 2])
     return [
-        Case("three sequences", (seqs([3, 7, 2]),), hint=hint),
-        Case("one sequence", (seqs([5]),), hidden=True, hint=hint),
-        Case("a sequence of length 1", (seqs([1, 9, 1, 4]),), hidden=True, hint=hint),
+        Case("three sequences: the packed tokens", (three,), call="first", hint=tokens),
+        Case("three sequences: cu_seq's dtype", (three,), call="offsets_dtype", hint=dtype),
+        Case("three sequences: cu_seq's values", (three,), call="offsets_as_int64", hint=offsets),
+        Case("three sequences: max_len", (three,), call="max_len_kind", hint=longest),
+        Case("one sequence", (seqs([5]),), hidden=True, hint=whole),
+        Case("a sequence of length 1", (seqs([1, 9, 1, 4]),), hidden=True, hint=whole),
     ]
 
 
@@ -1120,6 +1185,8 @@ SPECS.update({spec.lab: spec for spec in (
         Exercise("Exercise 3: the autograd formula", "backward", _backward_cases, _backward,
                  forbidden=("silu", "silu_backward", "sigmoid_backward")),
         Exercise("Exercise 4: SwiGLU with the op", "swiglu_mlp", _swiglu_cases, _swiglu),
+        Exercise("Exercise 5: the schema of an op that writes", "silu_mul_record_schema", _record_schema_cases,
+                 lambda: RECORD_SCHEMA),
     ), allow_processes=True),
     LabSpec("05_quantization_lab", (
         Exercise("Exercise 1: quantize_weight", "quantize_weight", _quantize_weight_cases, _quantize_weight,
@@ -1132,6 +1199,7 @@ SPECS.update({spec.lab: spec for spec in (
                             "torch.ao.quantization.quantize_dynamic", "torch.ao.quantization.quantize_dynamic_jit",
                             "quantize_per_channel", "quantize_per_tensor",
                             "quantize_per_tensor_dynamic")),
+        Exercise("Exercise 4: a plan under two budgets", "choose_plan", _plan_cases, _choose_plan),
     )),
     LabSpec("06_attention_lab", (
         Exercise("Exercise 1: key_mask", "key_mask", _key_mask_cases, _key_mask,
@@ -1172,85 +1240,182 @@ def _recorded_matrix():
     return labcheck.load_matrix(labcheck.RECORDED)
 
 
-def _interval(samples_a, samples_b, better, n_boot=4000):
+def _paired_interval(rounds_a, rounds_b, better):
+    import numpy as np
+
     from helpers.validation import stats
-    r = stats.bootstrap_gain(samples_a, samples_b, better, n_boot=n_boot)
+    if len(rounds_a) != len(rounds_b) or len(rounds_a) < 2:
+        raise ValueError(f"pairs need the same number of rounds on each side, at least two; got {len(rounds_a)} "
+                         f"and {len(rounds_b)}")
+    r = stats.paired_interval([float(np.median(x)) for x in rounds_a], [float(np.median(x)) for x in rounds_b],
+                              better)
     return r["gain"], r["low"], r["high"]
 
 
-def _interval_cases(gen):
-    def samples(median, spread, n):
-        return [float(v) for v in median * torch.exp(spread * torch.randn(n, generator=gen, dtype=torch.float64))]
-    gain = ("gain = median(A) / median(B) for a time ('lower'), median(B) / median(A) for a throughput "
-            "('higher')")
-    interval = ("resample each side with replacement (len(A) draws from A, len(B) from B), take the gain of the "
-                "resampled medians n_boot times, then the 2.5th and 97.5th percentiles")
+def _rounds(gen, medians, shared, spread, n):
+    """Per-call samples of rounds: round i's median times a slow stretch shared with the other side's
+    round i (`shared[i]`), with independent per-call noise of `spread` (log scale)."""
+    return [[float(m * s * v) for v in torch.exp(spread * torch.randn(n, generator=gen, dtype=torch.float64))]
+            for m, s in zip(medians, shared)]
+
+
+def _paired_cases(gen):
+    from helpers.validation import stats
     run_a, run_b, _ = _recorded_matrix()
-    unet = [run["workloads"]["unet_attention"]["figures"]["iteration_time"]["samples"] for run in (run_a, run_b)]
+    unet = [stats.split_rounds(f["samples"], f.get("groups"))
+            for f in (run["workloads"]["unet_attention"]["figures"]["iteration_time"] for run in (run_a, run_b))]
+    gain = ("the gain is the geometric mean of the per-round gains (each round's median; for a time A / B, for a "
+            "throughput B / A), not a ratio of averages over all rounds")
+    pairs = ("pair A's round i with B's round i: the spread of the per-pair log-gains, not of each side separately, "
+             "and a t interval on them, not a resampling of the pairs")
+    small = ("with few pairs: Student's t with k - 1 degrees of freedom (not the normal 1.96) and the sample "
+             "standard deviation (k - 1 in its denominator)")
+    rounds = "one value per round (its median): the rounds are the pairs, not the calls within them"
+    slow = [1.0, 1.6, 0.9, 1.3, 1.0, 2.2]                  # slow stretches that hit both runs of a round pair
+    jitter = (1 + 0.03 * torch.randn(6, generator=gen, dtype=torch.float64)).tolist()
+    a6 = _rounds(gen, [0.020] * 6, slow, 0.05, 12)
+    b6 = _rounds(gen, [0.022 * j for j in jitter], slow, 0.05, 12)
+    a3 = _rounds(gen, [50.0] * 3, [1.0, 0.7, 1.2], 0.05, 9)
+    b3 = _rounds(gen, [46.0, 47.5, 44.0], [1.0, 0.7, 1.2], 0.05, 9)
+    skew = [[0.01, 0.011, 0.012, 0.5], [0.02, 0.021, 0.022, 0.9, 0.95]], [[0.011, 0.012, 0.013, 0.3],
+                                                                       [0.025, 0.026, 0.027, 0.04, 0.05]]
     cases = []
-    for name, a, b, better, hidden in (
-            ("times, B 20% slower", samples(0.02, 0.08, 30), samples(0.024, 0.08, 24), "lower", False),
-            ("throughputs, noisy", samples(50, 0.3, 40), samples(55, 0.3, 40), "higher", False),
-            ("the recorded UNet step times", *unet, "lower", False),
-            ("3 against 4 samples", [1.0, 1.1, 0.9], [2.0, 2.2, 1.8, 2.1], "lower", True),
-            ("identical samples", [0.5] * 9, [0.5] * 9, "higher", True)):
-        ref = _interval(a, b, better)
-        slack = 0.25 * (ref[2] - ref[1]) + 1e-3      # draws differ from one implementation to another
-        cases += [Case(f"{name}: the gain", (a, b, better), call="first", rtol=1e-9, atol=0, hidden=hidden, hint=gain),
-                  Case(f"{name}: the 95% interval", (a, b, better), call="interval_of", atol=slack, rtol=0,
-                       hidden=hidden, hint=interval)]
-    a, b = samples(0.02, 0.1, 400), samples(0.021, 0.1, 400)     # tight enough to tell 95% from 90%
-    ref = _interval(a, b, "lower", n_boot=20000)
-    cases.append(Case("400 samples a side, n_boot=20000: a 95% interval", (a, b, "lower"), {"n_boot": 20000},
-                      call="interval_of", atol=0.045 * (ref[2] - ref[1]), rtol=0, hidden=True,
-                      hint="the 2.5th and 97.5th percentiles (a 95% interval), not the 5th and 95th"))
+    for name, args, hidden, hint in (
+            ("times, 6 rounds, B about 10% slower", (a6, b6, "lower"), False, gain),
+            ("throughputs (better higher), 3 rounds", (a3, b3, "higher"), False, gain),
+            ("slow stretches shared by each pair of rounds", (a6, b6, "lower"), False, pairs),
+            ("3 pairs", (a3, b3, "higher"), False, small),
+            ("rounds of unequal length with slow outliers", (*skew, "lower"), False, rounds),
+            ("the recorded UNet step times", (*unet, "lower"), False, pairs),
+            ("2 pairs", (a6[:2], b6[:2], "lower"), True, small),
+            ("8 pairs, throughputs", (_rounds(gen, [9.0] * 8, [1.0, 0.8] * 4, 0.1, 7),
+                                      _rounds(gen, [10.0] * 8, [1.0, 0.8] * 4, 0.1, 7), "higher"), True, pairs),
+            ("identical rounds", ([[1.0, 2.0]] * 3, [[1.0, 2.0]] * 3, "lower"), True, gain)):
+        cases.append(Case(f"{name}: the gain", args, call="first", rtol=1e-6, atol=0, hidden=hidden, hint=hint))
+        cases.append(Case(f"{name}: the 95% interval", args, call="interval_of", rtol=1e-6, atol=0, hidden=hidden,
+                          hint=hint))
+    bad = "check that both sides have the same number of rounds, at least two, and say so in a ValueError"
+    cases += [Case("3 rounds against 4: a ValueError", (a3, a6[:4], "lower"), raises="ValueError", hint=bad),
+              Case("one round a side: a ValueError", (a3[:1], b3[:1], "higher"), raises="ValueError", hint=bad),
+              Case("5 rounds against 2: a ValueError", (a6[:5], b6[:2], "lower"), raises="ValueError", hidden=True,
+                   hint=bad)]
     return cases
 
 
-def _verdict(gain, low, high):
+def _decide(row, wanted):
     from helpers.validation import stats
-    return stats.verdict({"gain": gain, "low": low, "high": high})
+    if row.get("low") is None:
+        return "cannot tell"
+    verdict = stats.verdict(row)
+    if verdict != "within noise":
+        return verdict
+    return "no change of that size" if row["detectable"] <= wanted else "cannot tell"
 
 
-def _verdict_cases(gen):
+def _decide_cases(gen):
     from helpers.validation import stats
-    rule = (f"a regression needs the whole interval below 1 and the gain below 1 / (1 + {stats.MIN_CHANGE}); "
-            f"an improvement the whole interval above 1 and the gain above 1 + {stats.MIN_CHANGE}")
-    visible = [(0.9, 0.85, 0.95), (0.9, 0.85, 1.01), (1.1, 1.02, 1.2), (0.99, 0.985, 0.995), (0.9802, 0.97, 0.99)]
-    hidden = [(1.01, 1.005, 1.015), (1.5, 0.9, 2.0), (0.5, 0.3, 0.99), (1.03, 1.001, 1.06)]
-    hidden += [(g, g * (1 - w), g * (1 + w)) for g, w in
-               zip((0.9 + 0.2 * torch.rand(4, generator=gen)).tolist(), (0.05 * torch.rand(4, generator=gen)).tolist())]
-    return [Case(f"gain {g:.3f}, interval [{lo:.3f}, {hi:.3f}]", (g, lo, hi), hidden=i >= len(visible), hint=rule)
-            for i, (g, lo, hi) in enumerate(visible + hidden)]
+    floor = (f"a change within {stats.MIN_CHANGE:.0%} is never a regression or an improvement, however tight its "
+             f"interval")
+    interval = "a regression needs the whole interval below 1, an improvement the whole interval above 1"
+    seen = ("within noise, the run rules out a change of `wanted` only if it could have detected one that size "
+            "(detectable <= wanted, both fractions)")
+    pairs = "with no interval (fewer than two pairs, or a figure not reported) the data cannot tell"
 
-
-def _read_migration(run_a, run_b, report):
-    rows = {(r["workload"], r["figure"]): r for r in report["rows"]}
-    step = rows[("dlrm_moe_train", "step_time")]
-    return {
-        "moe_path": tuple(r["workloads"]["dlrm_moe_train"]["paths"]["moe"] for r in (run_a, run_b)),
-        "scaled_mm_path": tuple(r["checks"]["amp_scaled_mm"]["paths"]["scaled_mm"] for r in (run_a, run_b)),
-        "static_int8_accuracy": tuple(r["checks"]["quantization"]["details"]["static_int8_accuracy"]
-                                      for r in (run_a, run_b)),
-        "dlrm_step": (step["gain"], step["low"], step["high"], step["status"]),
-        "regressions": [(r["workload"], r["figure"]) for r in report["rows"] if r.get("status") == "regression"],
-    }
-
-
-def _migration_cases(gen):
-    import copy
-    run_a, run_b, report = _recorded_matrix()
-    swapped = copy.deepcopy(report)              # the same report with two rows turned into regressions
-    for row in [r for r in swapped["rows"] if "gain" in r][:2]:
-        row["status"] = "regression"
-    return [
-        Case("the recorded 2.9.1 -> 2.10.0 run", (run_a, run_b, report), rtol=1e-9, atol=0,
-             hint="read each answer from run_a, run_b and report as the exercise lists; type no number"),
-        Case("A and B the other way round", (run_b, run_a, report), rtol=1e-9, atol=0, hidden=True,
-             hint="each pair is (from the first run, from the second run)"),
-        Case("a report with regressions", (run_a, run_b, swapped), rtol=1e-9, atol=0, hidden=True,
-             hint="'regressions': every row whose status is 'regression', as (workload, figure)"),
+    def row(gain, low, high, detectable, pairs=4):
+        return {"gain": gain, "low": low, "high": high, "detectable": detectable, "pairs": pairs}
+    _, _, report = _recorded_matrix()
+    told = [r for r in report["rows"] if r.get("low") is not None]
+    recorded = min(told, key=lambda r: r["detectable"])
+    visible = [
+        ("0.85x, interval [0.80, 0.90]", row(0.85, 0.80, 0.90, 0.06), 0.10, interval),
+        ("1.20x, interval [1.10, 1.31]", row(1.20, 1.10, 1.31, 0.08), 0.10, interval),
+        ("0.90x, interval [0.78, 1.04]", row(0.90, 0.78, 1.04, 0.12), 0.05, interval),
+        ("0.99x, interval [0.985, 0.995]", row(0.99, 0.985, 0.995, 0.02), 0.05, floor),
+        ("1.00x, interval [0.97, 1.03], detectable 4%, wanted 10%", row(1.0, 0.97, 1.03, 0.04), 0.10, seen),
+        ("1.02x, interval [0.70, 1.49], detectable 55%, wanted 10%", row(1.02, 0.70, 1.49, 0.55), 0.10, seen),
+        ("1.00x, interval [0.95, 1.05], detectable 10%, wanted 10%", row(1.0, 0.95, 1.05, 0.10), 0.10, seen),
+        ("one pair of rounds", row(0.7, None, None, None, pairs=1), 0.10, pairs),
+        ("a p99 not reported", row(None, None, None, None, pairs=None), 0.10, pairs),
+        ("the recorded row with the smallest detectable change, wanted 10%",
+         {k: recorded[k] for k in ("gain", "low", "high", "detectable", "pairs")}, 0.10, seen),
     ]
+    hidden = [("1.015x, interval [1.01, 1.02]", row(1.015, 1.01, 1.02, 0.02), 0.05, floor),
+              ("0.97x, interval [0.955, 0.985]", row(0.97, 0.955, 0.985, 0.02), 0.05, interval)]
+    for r in told:
+        hidden.append((f"the recorded {r['workload']} {r['figure']}",
+                       {k: r[k] for k in ("gain", "low", "high", "detectable", "pairs")},
+                       float(0.05 + 0.5 * torch.rand((), generator=gen)), seen))
+    return [Case(name, (r, wanted), hidden=i >= len(visible), hint=hint)
+            for i, (name, r, wanted, hint) in enumerate(visible + hidden)]
+
+
+def _find_slowdown(report_ab, report_ac):
+    before = {(r["workload"], r["figure"]) for r in report_ab["rows"] if r.get("status") == "regression"}
+    new = [r for r in report_ac["rows"] if r.get("status") == "regression" and (r["workload"], r["figure"]) not in before]
+    workload = new[0]["workload"]
+    return {"workload": workload,
+            "slowdowns": {r["figure"]: (1 / r["gain"], 1 / r["high"], 1 / r["low"]) for r in report_ac["rows"]
+                          if r["workload"] == workload and r.get("status") == "regression"}}
+
+
+def _slowdown_cases(gen):
+    import tempfile
+    from pathlib import Path
+
+    from helpers.validation import compare_runs, labcheck, load_run
+    path_a, path_b = labcheck.matrix_paths(labcheck.RECORDED)
+    run_a = load_run(path_a)
+    report_ab = compare_runs(run_a, load_run(path_b))
+    told = labcheck.told_rows(report_ab)
+    new = ("the injected workload is the one whose figures became regressions: regressions in A against C that "
+           "A against B does not have; a low gain whose interval contains 1 is noise")
+    inverse = ("a slowdown is how many times slower C is: the inverse of the gain, and the interval's ends swap "
+               "places when inverted")
+    reported = "only rows with an interval can be regressions: a figure not reported has no gain to invert"
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+
+        def reports(b, c):
+            return compare_runs(run_a, load_run(b)), compare_runs(run_a, load_run(c))
+
+        def injected(b, name, **how):
+            return reports(b, labcheck.inject_slowdown(path_a, b, tmp / f"c_{name}.json", **how))
+        cases.append(Case("seed 0: the workload and its slowdowns", injected(path_b, "seed0", seed=0), rtol=1e-9,
+                          atol=0, hint=inverse))
+        order = [w for w in dict.fromkeys(r["workload"] for r in report_ab["rows"]) if w in told]
+        first, last = order[0], order[-1]      # a distractor in `first` comes before the injection in `last`
+        # B with a real regression of its own (torch's) in another workload, then C from it
+        b_reg = labcheck.inject_slowdown(path_a, path_b, tmp / "b_reg.json", workload=first)
+        cases.append(Case("B with a regression of its own in another workload: the new regressions are the injection",
+                          injected(b_reg, "reg", workload=last), rtol=1e-9, atol=0, hint=new))
+        # B with `first` noisy: its point gain the lowest of all, its intervals containing 1
+        b_noisy = _noisy_b(path_a, path_b, tmp, first, told, injected(path_b, "last", workload=last)[1])
+        cases.append(Case("B noisy in another workload: its gain is the lowest, but within noise",
+                          injected(b_noisy, "noisy", workload=last), rtol=1e-9, atol=0, hint=new))
+        if "bert_infer" in told:
+            cases.append(Case("bert_infer slowed (its p99 rows are not reported)",
+                              injected(path_b, "bert", workload="bert_infer"), rtol=1e-9, atol=0, hint=reported))
+        secret = 1 + int(torch.randint(0, 1000, (), generator=gen))
+        cases.append(Case("a secret seed", injected(path_b, "secret", seed=secret), rtol=1e-9, atol=0, hidden=True,
+                          hint=new))
+    return cases
+
+
+def _noisy_b(path_a, path_b, tmp, other, told, report_ac):
+    """Run B with workload `other` slowed by factors that swing from round to round: its lowest gain
+    below every gain in report_ac, every one of its intervals containing 1."""
+    from helpers.validation import compare_runs, labcheck, load_run
+    lowest = min(r["gain"] for r in report_ac["rows"] if r.get("low") is not None)
+    k = told[other][0]["pairs"]
+    level = 1.5 * max(r["gain"] for r in told[other]) / lowest
+    for swing in (2, 3, 5, 8, 13, 21, 34):
+        factors = [level * swing, level / swing] * (k // 2) + [level] * (k % 2)
+        b = labcheck.inject_slowdown(path_a, path_b, tmp / "b_noisy.json", workload=other, factors=factors)
+        rows = [r for r in compare_runs(load_run(path_a), load_run(b))["rows"] if r["workload"] == other]
+        if all(r["status"] != "regression" for r in rows):
+            return b
+    raise RuntimeError(f"could not make {other} noisy enough in the recorded run")
 
 
 def _find_drift(report):
@@ -1276,13 +1441,62 @@ def _drift_cases(gen):
     return cases
 
 
+def _checkpoint_workload(quick, device, compile=False, samples=None):
+    import io
+
+    from torch import nn
+
+    from helpers.validation import models, reference, workloads
+
+    def mlp():
+        return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))
+    model = models.seed_parameters_(mlp(), seed=7).to(device)
+    x = models.randn(32, 64, seed=8).to(device)
+
+    def round_trip():
+        buffer = io.BytesIO()
+        torch.save(model.state_dict(), buffer)
+        buffer.seek(0)
+        copy = mlp().to(device)
+        copy.load_state_dict(torch.load(buffer, weights_only=True))
+        return copy
+
+    with torch.no_grad():
+        out = round_trip()(x)
+        if not torch.equal(out, model(x)):
+            raise RuntimeError("the reloaded model computes something else than the saved one")
+    times = workloads.sample_calls({"round_trip": round_trip}, device, samples or 20)["round_trip"]
+    references, tensors = reference.record({"reloaded_output": out})
+    return {"config": {"layers": [64, 128, 10], "batch": 32}, "figures": {"round_trip_time": workloads.figure(times)},
+            "paths": {}, "notes": {}, "references": references, "_tensors": tensors}
+
+
+def _own_workload_cases(gen):
+    record = ("return the record every workload returns (config, figures, paths, notes, references, _tensors), "
+              "with a timed figure and the reloaded model's output as a reference")
+    samples = "one sample per timed call, not one averaged number: the noise statistic needs every call"
+    better = "a time (unit s) is better lower, a rate (unit .../s) better higher"
+    refs = ("weights and inputs from numpy's generator (models.seed_parameters_, models.randn), not torch's "
+            "global random state, so both versions compute the same thing")
+    aa = "the same torch on both sides must give identical outputs and no new warning"
+    n = int(torch.randint(3, 9, (), generator=gen))
+    return [Case("a workload record", ("record", 5), call="own_workload", hint=record),
+            Case("5 samples asked, 5 timed calls", ("samples", 5), call="own_workload", hint=samples),
+            Case("better matches the unit", ("better", 5), call="own_workload", hint=better),
+            Case("outputs independent of torch's seed", ("references", 3), call="own_workload", hint=refs),
+            Case("A/A through the pipeline, rounds interleaved", ("aa", 3), call="own_workload", hint=aa),
+            Case(f"{n} samples asked", ("samples", n), call="own_workload", hidden=True, hint=samples),
+            Case(f"better, {n} samples", ("better", n), call="own_workload", hidden=True, hint=better)]
+
+
 SPECS["09_migration_lab"] = LabSpec("09_migration_lab", (
-    Exercise("Exercise 1: the noise interval", "median_gain_interval", _interval_cases, _interval,
-             forbidden=("helpers.validation.stats.bootstrap_gain",)),
-    Exercise("Exercise 2: regression or noise", "verdict", _verdict_cases, _verdict,
-             forbidden=("helpers.validation.stats.verdict",)),
-    Exercise("Exercise 3: read the migration off the report", "read_migration", _migration_cases, _read_migration),
+    Exercise("Exercise 1: the paired interval", "paired_interval", _paired_cases, _paired_interval,
+             forbidden=("helpers.validation.stats.paired_interval", "helpers.validation.stats.compare_figure")),
+    Exercise("Exercise 2: the decision", "decide", _decide_cases, _decide,
+             forbidden=("helpers.validation.stats.verdict", "helpers.validation.stats.compare_figure")),
+    Exercise("Exercise 3: find the injected slowdown", "find_slowdown", _slowdown_cases, _find_slowdown),
     Exercise("Exercise 4: find the drift", "find_drift", _drift_cases, _find_drift),
+    Exercise("Exercise 5: a workload of your own", "checkpoint_workload", _own_workload_cases, _checkpoint_workload),
 ), allow_processes=True)    # the lab runs the pipeline, which records the git commit it ran from
 
 

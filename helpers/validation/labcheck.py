@@ -1,5 +1,6 @@
-"""Checks for lab 09: they compare the learner's code with the pipeline's own statistic and read the run
-files and reports, so every expected value comes from what was measured."""
+"""Lab 09's data and checks: the driver run it reads (this machine's or the recorded one), the changes it
+injects into run B for the learner to find (a numerics drift, a slowdown), and the properties of a
+workload the learner writes; every expected value comes from what was measured."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from helpers.checks import check_close, check_equal, fail, passed
 from helpers.validation import pipeline, reference, stats
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -38,81 +38,114 @@ def load_matrix(folder: str | Path) -> tuple[dict, dict, dict]:
     return a, b, pipeline.compare_runs(a, b)
 
 
-def _cases():
-    rng = np.random.default_rng(7)
-    base = rng.lognormal(np.log(0.02), 0.08, 30)
-    return [(base, rng.lognormal(np.log(0.02), 0.08, 30), "lower"),
-            (base, rng.lognormal(np.log(0.025), 0.08, 24), "lower"),
-            (1 / base, 1 / rng.lognormal(np.log(0.018), 0.3, 40), "higher"),
-            (np.array([1.0, 1.1, 0.9]), np.array([2.0, 2.2, 1.8, 2.1]), "lower")]
+def told_rows(report: dict) -> dict[str, list[dict]]:
+    """The rows of a report that have an interval (two or more pairs of rounds), by workload."""
+    told: dict[str, list[dict]] = {}
+    for row in report["rows"]:
+        if row.get("low") is not None:
+            told.setdefault(row["workload"], []).append(row)
+    return told
 
 
-def check_interval(fn, *, what: str, real: list[tuple] | None = None) -> None:
-    """fn(samples_a, samples_b, better) -> (gain, low, high) agrees with stats.bootstrap_gain: the gain
-    exactly, the 95% interval within a quarter of its width (resampling differs from draw to draw)."""
-    for a, b, better in _cases() + list(real or []):
-        ref = stats.bootstrap_gain(a, b, better, n_boot=4000)
-        try:
-            gain, low, high = (float(v) for v in fn(list(a), list(b), better))
-        except Exception as exc:
-            fail(what, f"raised {type(exc).__name__}: {exc}", "return (gain, low, high) as three numbers")
-        hint = ("gain = median(A) / median(B) for a time ('lower'), median(B) / median(A) for a throughput; "
-                "resample each side with replacement, take the 2.5th and 97.5th percentiles of the gains")
-        check_close(torch.tensor(gain), torch.tensor(ref["gain"]), what=f"{what}: the gain", rtol=1e-9, hint=hint)
-        slack = 0.25 * (ref["high"] - ref["low"]) + 1e-3
-        if abs(low - ref["low"]) > slack or abs(high - ref["high"]) > slack:
-            fail(what, f"interval [{low:.4f}, {high:.4f}], expected about [{ref['low']:.4f}, {ref['high']:.4f}] "
-                       f"(n={len(a)} vs {len(b)}, better={better})", hint)
-    passed(what)
+def is_timing(fig: dict) -> bool:
+    """A figure measured per call in seconds or per second (not bytes, not an exact count)."""
+    unit = fig.get("unit", "")
+    return fig.get("stat") != "exact" and (unit == "s" or unit.endswith("/s"))
 
 
-def check_verdict(fn, *, what: str, report: dict | None = None) -> None:
-    """fn(gain, low, high) -> "regression" / "improvement" / "within noise" as stats.verdict decides
-    (without rounds), on edge cases and on every row of a real report."""
-    cases = [(0.9, 0.85, 0.95), (0.9, 0.85, 1.01), (1.1, 1.02, 1.2), (0.99, 0.985, 0.995), (1.01, 1.005, 1.015),
-             (1.5, 0.9, 2.0), (0.5, 0.3, 0.99), (1.03, 1.001, 1.06)]
-    if report:
-        cases += [(r["gain"], r["low"], r["high"]) for r in report["rows"] if "gain" in r]
-    for gain, low, high in cases:
-        expected = stats.verdict({"gain": gain, "low": low, "high": high})
-        got = fn(gain, low, high)
-        if got != expected:
-            fail(what, f"gain {gain:.3f}, interval [{low:.3f}, {high:.3f}]: got {got!r}, expected {expected!r}",
-                 f"a regression needs the whole interval below 1 and the gain below 1 / (1 + {stats.MIN_CHANGE}); "
-                 f"an improvement the whole interval above 1 and the gain above 1 + {stats.MIN_CHANGE}")
-    passed(what)
+def inject_slowdown(path_a: str | Path, path_b: str | Path, out: str | Path, seed: int = 0, *,
+                    workload: str | None = None, factors: list[float] | None = None) -> Path:
+    """Run C: run B with every timing sample of one workload slowed in every round (a time multiplied by
+    the round's factor, a throughput divided by it); its numerics, checks and other workloads are B's.
+    The workload is chosen by seed among those that A against B can tell (two or more pairs of rounds),
+    unless given. The factor, unless `factors` gives one per round, is the same in every round: 1.5 times
+    the largest of that workload's (1 + detectable change) and interval upper ends in A against B, so
+    every figure of it that can be told becomes a regression beyond what the run could detect."""
+    run_b = pipeline.load_run(path_b)
+    told = told_rows(pipeline.compare_runs(pipeline.load_run(path_a), run_b))
+    if not told:
+        raise ValueError("A against B has no figure with two or more pairs of rounds: inject into a run made by "
+                         "`validate matrix` (interleaved rounds)")
+    if workload is None:
+        names = sorted(told)
+        workload = names[int(np.random.default_rng(seed).integers(len(names)))]
+    elif workload not in told:
+        raise ValueError(f"workload {workload!r} has no figure A against B can tell; choose one of {sorted(told)}")
+    factor = round(1.5 * max(max(1 + r["detectable"], r["high"]) for r in told[workload]), 2)
+    c = copy.deepcopy(run_b)
+    for fig in c["workloads"][workload]["figures"].values():
+        if not is_timing(fig):
+            continue
+        groups = fig.get("groups") or [len(fig["samples"])]
+        per_round = list(factors) if factors else [factor] * len(groups)
+        if len(per_round) != len(groups):
+            raise ValueError(f"factors has {len(per_round)} values, the run has {len(groups)} rounds")
+        each = np.repeat(per_round, groups)
+        samples = np.asarray(fig["samples"], dtype=float)
+        scaled = samples * each if fig["better"] == "lower" else samples / each
+        fig["samples"] = [float(v) for v in scaled]
+        fig["value"] = stats.statistic(fig["samples"], fig["stat"])
+        fig["min"], fig["max"] = min(fig["samples"]), max(fig["samples"])
+    c["label"] = "run C (B after a change you have to find)"
+    return pipeline.save_run(c, out)       # the reference outputs are B's, read from B's file
 
 
-def check_migration_answers(answers, run_a: dict, run_b: dict, report: dict, *, what: str) -> None:
-    """Answers read from the two runs and the report."""
-    if not isinstance(answers, dict):
-        fail(what, f"answers must be a dict, got {type(answers).__name__}")
-    expected = {
-        "moe_path": (run_a["workloads"]["dlrm_moe_train"]["paths"]["moe"],
-                     run_b["workloads"]["dlrm_moe_train"]["paths"]["moe"]),
-        "scaled_mm_path": (run_a["checks"]["amp_scaled_mm"]["paths"]["scaled_mm"],
-                           run_b["checks"]["amp_scaled_mm"]["paths"]["scaled_mm"]),
-        "static_int8_accuracy": (run_a["checks"]["quantization"]["details"]["static_int8_accuracy"],
-                                 run_b["checks"]["quantization"]["details"]["static_int8_accuracy"]),
-    }
-    for key, value in expected.items():
-        got = answers.get(key)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            fail(what, f"{key!r} must be a pair (A, B), got {got!r}", "read it from run_a and run_b")
-        check_equal(tuple(got), value, what=f"{what}: {key}")
-    rows = {(r["workload"], r["figure"]): r for r in report["rows"] if "gain" in r}
-    step = rows[("dlrm_moe_train", "step_time")]
-    got = answers.get("dlrm_step")
-    if not isinstance(got, (tuple, list)) or len(got) != 4:
-        fail(what, f"'dlrm_step' must be (gain, low, high, status), got {got!r}",
-             "the report row of dlrm_moe_train / step_time")
-    check_close(torch.tensor([float(v) for v in got[:3]]), torch.tensor([step["gain"], step["low"], step["high"]]),
-                what=f"{what}: dlrm step gain", rtol=1e-9)
-    check_equal(got[3], step["status"], what=f"{what}: dlrm step status")
-    flagged = sorted((r["workload"], r["figure"]) for r in report["rows"] if r.get("status") == "regression")
-    check_equal(sorted(tuple(f) for f in answers.get("regressions", [])), flagged, what=f"{what}: regressions",
-                hint="rows of report['rows'] whose status is 'regression', as (workload, figure)")
-    passed(what)
+# --- lab 09 exercise 5: a workload of the learner's own, checked the way the pipeline would use it ----
+
+RECORD_KEYS = ("config", "figures", "paths", "notes", "references", "_tensors")
+
+
+def _call_workload(fn, samples: int, torch_seed: int = 0) -> dict:
+    torch.manual_seed(torch_seed)          # a different global RNG state must not change the outputs
+    record = fn(True, torch.device("cpu"), compile=False, samples=samples)
+    if not isinstance(record, dict) or any(k not in record for k in RECORD_KEYS):
+        got = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"a workload returns a dict with keys {list(RECORD_KEYS)}; got {got}")
+    return record
+
+
+def workload_property(fn, what: str, samples: int) -> str:
+    """One property of a workload function fn(quick, device, compile=..., samples=...), in words:
+    "record" (the keys the pipeline reads, a timed figure, a reference output), "samples" (one sample per
+    timed call), "better" (a time is better lower, a rate higher), "references" (the outputs do not
+    depend on torch's global random state), "aa" (run by the pipeline in two interleaved rounds a side,
+    A against A finds no numerics or warning difference)."""
+    if what == "record":
+        record = _call_workload(fn, samples)
+        timed = [n for n, f in record["figures"].items() if isinstance(f, dict) and is_timing(f)]
+        if not timed:
+            return "no timed figure (a unit of s or .../s, one sample per call)"
+        return "a record with a timed figure and a reference output" if record["references"] else \
+            "a timed figure but no reference output"
+    if what == "samples":
+        record = _call_workload(fn, samples)
+        wrong = [f"{n!r} has {len(f['samples'])} sample(s) for {samples} timed calls"
+                 for n, f in record["figures"].items() if is_timing(f) and len(f["samples"]) != samples]
+        return "; ".join(wrong) or "one sample per timed call"
+    if what == "better":
+        record = _call_workload(fn, samples)
+        wrong = [f"{n!r} in {f['unit']} is better {f['better']!r}" for n, f in record["figures"].items()
+                 if is_timing(f) and f["better"] != ("lower" if f["unit"] == "s" else "higher")]
+        return "; ".join(wrong) or "every figure's better matches its unit"
+    if what == "references":
+        first, second = (_call_workload(fn, samples, seed)["references"] for seed in (0, 1))
+        changed = sorted(k for k in first if first[k]["sha256"] != second.get(k, {}).get("sha256"))
+        return f"outputs {changed} change with torch's global seed" if changed else \
+            "the same outputs whatever torch's global seed"
+    if what == "aa":
+        rounds = {"A": [], "B": []}
+        for i, side in enumerate(("A", "B", "B", "A")):       # interleaved, as the driver runs them
+            torch.manual_seed(i)
+            rounds[side].append(pipeline.run_pipeline(True, device="cpu", workloads=[], checks=[], samples=samples,
+                                                      progress=False, extra_workloads={"own": fn}))
+        errors = [e.splitlines()[0] for r in rounds["A"] + rounds["B"] for e in r["errors"].values()]
+        if errors:
+            return f"the pipeline recorded an error: {errors[0]}"
+        report = pipeline.compare_runs(*(pipeline.merge_runs(rounds[s]) for s in ("A", "B")))
+        findings = [f"{n['output']}: {n['status']}" for n in report["numerics"] if n["status"] != "identical"]
+        findings += [f"{w['category']}: {w['message']}" for w in report["warnings"] if w["finding"]]
+        return "; ".join(findings) or "A/A: every output identical, no new warning"
+    raise ValueError(f"unknown property {what!r} (record, samples, better, references, aa)")
 
 
 def inject_drift(path_b: str | Path, out: str | Path, seed: int = 0) -> Path:
@@ -120,37 +153,27 @@ def inject_drift(path_b: str | Path, out: str | Path, seed: int = 0) -> Path:
     far less than its tolerance and one beyond it (which ones depends on seed). The timings are B's."""
     run = pipeline.load_run(path_b)
     tensors = dict(pipeline.reference_tensors(run))
-    keys = sorted(k for k, t in tensors.items() if t.dtype == torch.float32 and t.numel() >= 64)
+    keys = sorted(k for k, t in tensors.items() if t.dtype == torch.float32 and t.numel() >= 64
+                  and not k.endswith(reference.NORMS_SUFFIX))
     rng = np.random.default_rng(seed)
     drifted, harmless = (keys[i] for i in rng.choice(len(keys), 2, replace=False))
     for key, size in ((drifted, 5e-4), (harmless, 1e-7)):
-        t = tensors[key].clone()
+        old = tensors[key]
+        t = old.clone()
         where = torch.from_numpy(rng.choice(t.numel(), max(1, t.numel() // 50), replace=False))
         t[where] += size * t.abs().max() * torch.from_numpy(rng.choice([-1.0, 1.0], len(where)).astype(np.float32))
         tensors[key] = t
         w, name = key.split("/", 1)
-        run["workloads"][w]["references"][name]["sha256"] = reference.sha256(t)
+        rec = run["workloads"][w]["references"][name]
+        rec["sha256"] = reference.sha256(t)
+        if key + reference.NORMS_SUFFIX in tensors:     # the changed elements' blocks change their norms too
+            numel = int(np.prod(rec["shape"]))
+            blocks = where * reference.stride(numel) // reference.block_size(numel)
+            squares = tensors[key + reference.NORMS_SUFFIX].square()
+            squares.index_add_(0, blocks, t[where].double().square() - old[where].double().square())
+            tensors[key + reference.NORMS_SUFFIX] = squares.clamp_min(0).sqrt()
     c = copy.deepcopy({k: v for k, v in run.items() if k != "_source"})
     for w, r in c["workloads"].items():
         r["_tensors"] = {k.split("/", 1)[1]: t for k, t in tensors.items() if k.startswith(w + "/")}
     c["label"] = "run C (B after a change you have to find)"
     return pipeline.save_run(c, out)
-
-
-def check_drift_answer(answer, report: dict, *, what: str) -> None:
-    """The output that drifted beyond its tolerance, and by how much."""
-    drifts = [n for n in report["numerics"] if n["status"] == "drift"]
-    if not drifts:
-        fail(what, "this report has no drift at all: compare run B with run C",
-             "report_c = compare_runs(load_run(PATH_B), load_run(PATH_C))")
-    if not isinstance(answer, dict):
-        fail(what, f"expected a dict, got {type(answer).__name__}")
-    truth = drifts[0]
-    got = (answer.get("workload"), answer.get("output"))
-    if got != (truth["workload"], truth["output"]):
-        within = [(n["workload"], n["output"]) for n in report["numerics"] if n["status"] == "within tolerance"]
-        fail(what, f"{got} is not the output that drifted beyond its tolerance",
-             f"a changed hash alone is not a drift: {within} changed too, but within tolerance")
-    check_close(torch.tensor(float(answer.get("max_rel_diff", float("nan")))), torch.tensor(truth["max_rel_diff"]),
-                what=f"{what}: max relative difference", rtol=1e-6)
-    passed(what)

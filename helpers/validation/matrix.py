@@ -18,7 +18,11 @@ compared with the merged B, and everything lands in one folder:
     OUT/report.json, OUT/report.html           the comparison
     OUT/matrix.json                            versions, venvs, commands, wall times, exit codes
 
-Interleaving is the point: on a shared machine a slow minute then falls on both sides, not on one.
+Interleaving is the point: on a shared machine a slow minute then falls on both sides, not on one, and
+round i of A and round i of B form a pair (`stats.py`).
+
+The same version twice (`validate matrix 2.10.0 2.10.0`, `--same-venv` to use one venv) is an A/A run:
+the report states how many figures it flagged (false alarms) and the change each could have detected.
 """
 from __future__ import annotations
 
@@ -74,9 +78,12 @@ def ensure_venv(version: str, venv: Path, log, python: str = sys.executable) -> 
 
 def run_matrix(versions: list[str], *, quick: bool = True, rounds: int = 4, threads: int | None = None,
                samples: int | None = None, out: str | Path | None = None, device: str = "cpu",
-               run_args: list[str] | None = None, progress=print) -> dict:
+               run_args: list[str] | None = None, same_venv: bool = False, progress=print) -> dict:
     """Install, run interleaved rounds, merge, compare, write. Returns the matrix record.
-    run_args: extra arguments for every `validate run` (e.g. a subset of workloads in a test)."""
+    run_args: extra arguments for every `validate run` (e.g. a subset of workloads in a test).
+    The same version twice is an A/A calibration: two venvs of that torch, or one venv run as both sides
+    (same_venv); the report then says how many figures were flagged (each a false alarm) and the
+    change each could have detected."""
     from helpers.validation import pipeline
     if len(versions) != 2:
         raise ValueError(f"give exactly two torch versions (A then B), got {versions}")
@@ -87,13 +94,16 @@ def run_matrix(versions: list[str], *, quick: bool = True, rounds: int = 4, thre
     out.mkdir(parents=True, exist_ok=True)
     threads = threads or min(os.cpu_count() or 1, 2 if quick else os.cpu_count() or 1)
     names = [f"torch-{v}" for v in versions]
-    suffixes = ["", "-b"] if versions[0] == versions[1] else ["", ""]      # CI: two venvs of one torch
+    suffixes = ["", "-b" if not same_venv else ""] if versions[0] == versions[1] else ["", ""]
     if versions[0] == versions[1]:
         names = [f"torch-{versions[0]}-a", f"torch-{versions[1]}-b"]
     record = {"versions": versions, "quick": quick, "rounds": rounds, "threads": threads, "samples": samples,
               "device": device, "out": str(out.relative_to(REPO) if out.is_relative_to(REPO) else out), "venvs": {}, "runs": [], "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with open(out / "driver.log", "a") as log:
         for v, name, suffix in zip(versions, names, suffixes):
+            if same_venv and name == names[1]:
+                record["venvs"][name] = record["venvs"][names[0]]       # A/A in one venv: installed once
+                continue
             progress(f"[{name}] preparing {venv_path(v, suffix).name} (pip install torch=={v}, then the package)")
             record["venvs"][name] = ensure_venv(v, venv_path(v, suffix), log)
             progress(f"[{name}] torch {record['venvs'][name]['torch']} ready in "
@@ -126,6 +136,8 @@ def run_matrix(versions: list[str], *, quick: bool = True, rounds: int = 4, thre
         pipeline.save_run(merged[name], out / f"{name}.json")
     report = pipeline.compare_runs(pipeline.load_run(out / f"{names[0]}.json"),
                                    pipeline.load_run(out / f"{names[1]}.json"))
+    if versions[0] == versions[1]:
+        report["calibration"] = record["calibration"] = pipeline.calibration(report)
     pipeline.write_report_json(report, out / "report.json")
     pipeline.write_report(report, out / "report.html")
     write_text_atomic(pipeline.table(report), out / "report.txt")

@@ -1,7 +1,7 @@
 """The four model definitions the pipeline measures, written out in plain PyTorch (random weights, no
 downloads): a ResNet-50 (bottleneck blocks [3, 4, 6, 3]), a BERT-style encoder that accepts padded or
 jagged nested input (and packed tokens for varlen attention), a DLRM (EmbeddingBag tables, dot
-interactions) whose top is a mixture of experts run as one grouped GEMM where this torch has one and as
+interactions) whose top is a mixture of experts run as one grouped GEMM where this torch runs one and as
 a per-expert loop otherwise, and a Stable-Diffusion-style UNet (ResNet blocks, transformer blocks with
 self- and cross-attention to a text context, GEGLU feed-forward) for one denoising step.
 
@@ -156,14 +156,17 @@ def to_jagged(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 class MoE(nn.Module):
     """Top-1 routed experts, each a two-layer MLP. `mode="auto"` runs every expert in one grouped GEMM
-    per layer where this torch has one (`compat.moe_path`: F.grouped_mm from 2.10) and one matmul per
-    expert otherwise; "grouped" insists on the grouped GEMM, "loop" always loops."""
+    per layer where this torch runs one (`compat.moe_path`: F.grouped_mm from 2.10, torch._grouped_mm on
+    2.9) and one matmul per expert otherwise; "grouped" insists on the grouped GEMM, "loop" always loops.
+    The experts compute in `expert_dtype` (their fp32 weights and the tokens cast per call, as autocast
+    would; bf16 is what the CUTLASS grouped GEMM takes on a GPU); the output has the input's dtype."""
 
-    def __init__(self, dim: int, hidden: int, experts: int, mode: str = "auto"):
+    def __init__(self, dim: int, hidden: int, experts: int, mode: str = "auto",
+                 expert_dtype: torch.dtype = torch.float32):
         super().__init__()
         if mode not in ("auto", "grouped", "loop"):
             raise ValueError(f"mode must be 'auto', 'grouped' or 'loop', got {mode!r}")
-        self.mode, self.experts = mode, experts
+        self.mode, self.experts, self.expert_dtype = mode, experts, expert_dtype
         self.router = nn.Linear(dim, experts)
         self.w1 = nn.Parameter(torch.randn(experts, dim, hidden) / math.sqrt(dim))
         self.w2 = nn.Parameter(torch.randn(experts, hidden, dim) / math.sqrt(hidden))
@@ -172,9 +175,10 @@ class MoE(nn.Module):
         from helpers.validation.compat import moe_path
         if self.mode == "loop":
             return "loop"
-        found = moe_path(device_type)
+        found = moe_path(device_type, self.expert_dtype)
         if self.mode == "grouped" and found == "loop":
-            raise RuntimeError("this torch has no grouped GEMM for this device (F.grouped_mm is public from 2.10)")
+            raise RuntimeError(f"this torch runs no grouped GEMM on {device_type} in {self.expert_dtype} "
+                               f"(compat.moe_probes says why); use mode='auto' or 'loop'")
         return found
 
     def forward(self, x):
@@ -183,16 +187,17 @@ class MoE(nn.Module):
         weight, expert = gate.max(-1)
         order = expert.argsort(stable=True)
         counts = torch.bincount(expert, minlength=self.experts)
-        xs = x[order]
+        xs = x[order].to(self.expert_dtype)
+        w1, w2 = self.w1.to(self.expert_dtype), self.w2.to(self.expert_dtype)
         path = self.path(x.device.type)
         if path != "loop":
             offs = counts.cumsum(0).to(torch.int32)            # cumulative END offsets, int32
-            h = F.gelu(grouped_mm(xs, self.w1, offs, path))
-            ys = grouped_mm(h, self.w2, offs, path)
+            h = F.gelu(grouped_mm(xs, w1, offs, path))
+            ys = grouped_mm(h, w2, offs, path)
         else:
             chunks = xs.split(counts.tolist())
-            ys = torch.cat([F.gelu(c @ self.w1[e]) @ self.w2[e] for e, c in enumerate(chunks)])
-        y = torch.empty_like(ys).index_copy(0, order, ys)
+            ys = torch.cat([F.gelu(c @ w1[e]) @ w2[e] for e, c in enumerate(chunks)])
+        y = torch.empty_like(ys).index_copy(0, order, ys).to(x.dtype)
         return x + y * weight[:, None]
 
 
@@ -202,7 +207,7 @@ class DLRM(nn.Module):
     top: a projection, a mixture of experts, a logit."""
 
     def __init__(self, dense: int, tables: int, rows: int, dim: int, experts: int, hidden: int,
-                 mode: str = "auto", sparse: bool = True):
+                 mode: str = "auto", sparse: bool = True, expert_dtype: torch.dtype = torch.float32):
         super().__init__()
         self.bottom = nn.Sequential(nn.Linear(dense, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim), nn.ReLU())
         self.tables = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum", sparse=sparse) for _ in range(tables))
@@ -210,7 +215,7 @@ class DLRM(nn.Module):
         self.register_buffer("pairs", torch.triu_indices(n, n, offset=1), persistent=False)
         inter = dim + n * (n - 1) // 2
         self.project = nn.Linear(inter, dim)
-        self.moe = MoE(dim, hidden, experts, mode)
+        self.moe = MoE(dim, hidden, experts, mode, expert_dtype)
         self.head = nn.Linear(dim, 1)
 
     def forward(self, dense, ids, offsets):

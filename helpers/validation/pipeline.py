@@ -12,8 +12,11 @@ What a comparison can be trusted for:
   CPU or GPU model is flagged, not refused.
 - **Numerics.** Each workload's outputs (from weights and inputs that are the same on every torch) are
   stored as hashes and tensors; B is checked against A: identical, within tolerance, or drift.
-- **Noise.** Every figure keeps its per-call samples; the gain of B over A comes with a 95% bootstrap
-  interval (`stats.py`), and only an interval that excludes 1 (and a change over 2%) is a finding.
+- **Noise.** Every figure keeps its per-call samples and their rounds; the gain of B over A comes with a
+  95% paired interval over the rounds and the change it could have detected (`stats.py`), and only an
+  interval that excludes 1 (and a change over 2%) is a finding. One round per side: "cannot tell".
+- **Warnings.** Each workload's and check's warnings are recorded; a DeprecationWarning or FutureWarning
+  that B raises and A did not is a finding (an API on its way out).
 - **Checks.** Pass/fail and every number each check measured, side by side.
 
 A workload or check that fails is recorded in the run's "errors" with its message, and the rest of the
@@ -24,11 +27,14 @@ from __future__ import annotations
 import copy
 import html
 import json
+import math
 import os
 import platform
+import re
 import subprocess
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -53,14 +59,22 @@ class NotComparable(ValueError):
 def run_pipeline(quick: bool = True, *, device: str = "auto", threads: int | None = None, compile: bool = False,
                  workloads: list[str] | None = None, checks: list[str] | None = None, samples: int | None = None,
                  label: str = "", progress: bool = True, repeats: int | None = None,
-                 min_run_time: float | None = None) -> dict:
+                 min_run_time: float | None = None, extra_workloads: dict | None = None) -> dict:
     """Run the selected workloads (default: all four) and upgrade checks (default: all four).
     samples: timed calls per candidate (default: each workload's quick or full setting). `repeats` is the
-    old name of `samples`; `min_run_time` is ignored (every call is timed on its own)."""
+    old name of `samples`; `min_run_time` is ignored (every call is timed on its own).
+    extra_workloads: {name: fn} run after the selected ones, each called like the built-in workloads,
+    fn(quick, device, compile=..., samples=...), and returning the same record (`workloads.py`)."""
     samples = samples or repeats
+    extra_workloads = dict(extra_workloads or {})
+    clash = sorted(set(extra_workloads) & set(WORKLOADS))
+    if clash:
+        raise ValueError(f"extra workload {clash[0]!r} has the name of a built-in one; give it another name")
+    known = WORKLOADS | extra_workloads
     workloads = list(WORKLOADS) if workloads is None else list(workloads)
+    workloads += [w for w in extra_workloads if w not in workloads]
     checks = list(CHECKS) if checks is None else list(checks)
-    unknown = [w for w in workloads if w not in WORKLOADS] + [c for c in checks if c not in CHECKS]
+    unknown = [w for w in workloads if w not in known] + [c for c in checks if c not in CHECKS]
     if unknown:
         raise ValueError(f"unknown workload or check {unknown[0]!r}; workloads: {', '.join(WORKLOADS)}; "
                          f"checks: {', '.join(CHECKS)}")
@@ -69,26 +83,88 @@ def run_pipeline(quick: bool = True, *, device: str = "auto", threads: int | Non
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)         # the whole run at one thread count: no recompiles, one setting
     settings = {"quick": quick, "compile": compile, "device": dev.type, "threads": threads, "samples": samples,
-                "sizes": {w: sizes(w, quick) for w in workloads}}
+                "sizes": {w: sizes(w, quick) if w in WORKLOADS else {} for w in workloads}}
     run = {"schema": SCHEMA, "label": label or f"torch {torch.__version__}",
            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__, "device": str(dev),
            "quick": quick, "compile": compile, "threads": threads, "settings": settings,
-           "environment": environment(), "workloads": {}, "checks": {}, "errors": {}, "seconds": {}}
+           "environment": environment(), "workloads": {}, "checks": {}, "errors": {}, "warnings": {}, "seconds": {}}
     steps = [("workload", w) for w in workloads] + [("check", c) for c in checks]
     try:
         for kind, name in tqdm(steps, desc="validation", disable=not progress, leave=False):
             start = time.perf_counter()
-            try:
-                if kind == "workload":
-                    run["workloads"][name] = WORKLOADS[name](quick, dev, compile=compile, samples=samples)
-                else:
-                    run["checks"][name] = CHECKS[name](quick, dev)
-            except Exception as exc:       # recorded, and the rest of the run goes on
-                run["errors"][name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    if kind == "workload":
+                        run["workloads"][name] = known[name](quick, dev, compile=compile, samples=samples)
+                    else:
+                        run["checks"][name] = CHECKS[name](quick, dev)
+                except Exception as exc:       # recorded, and the rest of the run goes on
+                    run["errors"][name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+            run["warnings"][name] = warning_records(caught)
             run["seconds"][name] = time.perf_counter() - start
     finally:
         torch.set_num_threads(old_threads)
     return run
+
+
+WARNING_KINDS = ("DeprecationWarning", "FutureWarning", "UserWarning")
+FINDING_WARNINGS = ("DeprecationWarning", "FutureWarning")     # an API on its way out: act before it goes
+
+
+def warning_records(caught) -> list[dict]:
+    """Each distinct warning of a step once: {"category", "message" (first line, addresses masked), "where"
+    (the file that warned, from the repository root or site-packages), "count"}."""
+    out: dict[tuple, dict] = {}
+    for w in caught:
+        message = re.sub(r"0x[0-9a-fA-F]+", "0x...", str(w.message).strip().splitlines()[0] if str(w.message).strip()
+                         else "")[:300]
+        where = _where(str(w.filename))
+        key = (w.category.__name__, message)
+        out.setdefault(key, {"category": key[0], "message": message, "where": where, "count": 0})["count"] += 1
+    return list(out.values())
+
+
+def _version(text: str) -> tuple[int, int] | None:
+    found = re.search(r"(\d+)\.(\d+)", text or "")
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def removal_due(message: str, torch_version: str) -> str | None:
+    """The version a warning says its API is removed in, when this torch has reached it ("will be removed
+    in 2.10" read under 2.10.0), else None."""
+    found = re.search(r"removed (?:in|by|from) (?:torch |PyTorch |version )?v?(\d+\.\d+)", message, re.IGNORECASE)
+    here = _version(torch_version)
+    return found[1] if found and here and _version(found[1]) <= here else None
+
+
+def _where(filename: str) -> str:
+    """A warning's file without this machine's folders: from this repository's root or from site-packages."""
+    path = Path(filename)
+    if path.is_relative_to(REPO):
+        return path.relative_to(REPO).as_posix()
+    return re.sub(r"^.*?site-packages/", "", path.as_posix())
+
+
+def warning_differences(a: dict, b: dict) -> list[dict]:
+    """Warnings (kinds in WARNING_KINDS) per workload or check: raised by B and not by A ("new in B"), the
+    reverse ("gone in B"), and those B still raises for an API it says is removed by B's own version
+    ("removal announced for <= B's version: still raised", even when A raised it too). A new
+    DeprecationWarning or FutureWarning and a removal that is due are findings."""
+    rows = []
+    steps = dict.fromkeys(list(a.get("warnings", {})) + list(b.get("warnings", {})))
+    for step in steps:
+        wa = {(w["category"], w["message"]): w for w in a.get("warnings", {}).get(step, [])}
+        wb = {(w["category"], w["message"]): w for w in b.get("warnings", {}).get(step, [])}
+        for key in dict.fromkeys(list(wa) + list(wb)):
+            due = removal_due(key[1], b.get("torch", "")) if key in wb else None
+            if key[0] not in WARNING_KINDS or ((key in wa) == (key in wb) and not due):
+                continue
+            status = (f"removal announced for {due} and B is {b.get('torch', '').split('+')[0]}: still raised"
+                      if due else "new in B" if key in wb else "gone in B")
+            rows.append({"step": step, "category": key[0], "message": key[1], "where": (wb if key in wb else wa)[key]["where"],
+                         "status": status, "finding": bool(due) or (key not in wa and key[0] in FINDING_WARNINGS)})
+    return rows
 
 
 def _git_commit() -> str | None:
@@ -228,6 +304,10 @@ def merge_runs(runs: list[dict], label: str | None = None) -> dict:
                 f["min"], f["max"], f["n"] = min(f["samples"]), max(f["samples"]), len(f["samples"])
         base["workloads"][w]["figures"] = figs
     for other in runs[1:]:
+        for step, found in other.get("warnings", {}).items():
+            known = base.setdefault("warnings", {}).setdefault(step, [])
+            seen = {(w["category"], w["message"]) for w in known}
+            known += [w for w in found if (w["category"], w["message"]) not in seen]
         for c, result in other["checks"].items():
             base["checks"].setdefault(c, result)
         for name, err in other["errors"].items():
@@ -279,11 +359,10 @@ def _numbers(details, prefix="") -> dict:
     return out
 
 
-def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mismatch: bool = False,
-                 n_boot: int = stats.N_BOOT) -> dict:
-    """Every figure, reference output and check of run A against run B. "gain" is how many times better
-    B is than A (>1: B better, whether the figure is a time or a throughput), with its 95% bootstrap
-    interval; a change is flagged only when the interval excludes 1 and the change exceeds min_change.
+def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mismatch: bool = False) -> dict:
+    """Every figure, reference output, check and warning of run A against run B. "gain" is how many times
+    better B is than A (>1: B better, whether the figure is a time or a throughput), with its 95% paired
+    interval over rounds and the change it could have detected (`stats.compare_figure`, `stats.RULE`).
     Runs at different settings raise NotComparable unless allow_mismatch (then flagged)."""
     mismatch = setting_differences(a, b)
     if mismatch and not allow_mismatch:
@@ -302,7 +381,7 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mism
         pa, pb = wa.get("paths", {}), wb.get("paths", {})
         for k in dict.fromkeys(list(pa) + list(pb)):
             if pa.get(k) != pb.get(k):
-                migrations.append({"workload": w, "what": k, "a": pa.get(k), "b": pb.get(k)})
+                migrations.append({"workload": w, "what": k, "a": _path_text(pa.get(k)), "b": _path_text(pb.get(k))})
         fa, fb = wa.get("figures", {}), wb.get("figures", {})
         for name in dict.fromkeys(list(fa) + list(fb)):
             row = {"workload": w, "figure": name}
@@ -313,17 +392,11 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mism
             if not (_figure_ok(x) and _figure_ok(y)):
                 rows.append(row | {"status": "unreadable figure"})
                 continue
-            stat = x.get("stat", "median")
-            interval = stats.bootstrap_gain(x["samples"], y["samples"], x["better"],
-                                            "median" if stat == "exact" else stat, n_boot=n_boot,
-                                            groups_a=x.get("groups"), groups_b=y.get("groups"))
-            per_round = stats.round_gains(x["samples"], y["samples"], x.get("groups"), y.get("groups"), x["better"],
-                                          "median" if stat == "exact" else stat)
-            rows.append(row | {"unit": x.get("unit", ""), "better": x["better"], "stat": stat, "a": x["value"],
-                               "b": y["value"], "gain": interval["gain"], "low": interval["low"],
-                               "high": interval["high"], "n_a": interval["n_a"], "n_b": interval["n_b"],
-                               "rounds_a": len(x.get("groups") or [1]), "rounds_b": len(y.get("groups") or [1]),
-                               "round_gains": per_round, "status": stats.verdict(interval, min_change, per_round)})
+            fig = stats.compare_figure(x["samples"], y["samples"], x["better"], x.get("stat", "median"),
+                                       x.get("groups"), y.get("groups"), min_change)
+            rows.append(row | fig | {"unit": x.get("unit", ""), "better": x["better"], "a": x["value"],
+                                     "b": y["value"], "n_a": len(x["samples"]), "n_b": len(y["samples"]),
+                                     "rounds_a": len(x.get("groups") or [1]), "rounds_b": len(y.get("groups") or [1])})
         ra, rb = wa.get("references", {}), wb.get("references", {})
         for out in dict.fromkeys(list(ra) + list(rb)):
             if out not in ra or out not in rb:
@@ -332,7 +405,8 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mism
                 continue
             key = f"{w}/{out}"
             numerics.append({"workload": w, "output": out}
-                            | reference.compare(ra[out], rb[out], ta.get(key), tb.get(key)))
+                            | reference.compare(ra[out], rb[out], ta.get(key), tb.get(key),
+                                                ta.get(key + reference.NORMS_SUFFIX), tb.get(key + reference.NORMS_SUFFIX)))
     checks = []
     for c in dict.fromkeys(list(a["checks"]) + list(b["checks"])):
         ca, cb = a["checks"].get(c), b["checks"].get(c)
@@ -357,19 +431,41 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mism
     pkg_a, pkg_b = ea.get("packages", {}) or {}, eb.get("packages", {}) or {}
     env_diff += [{"key": f"package {k}", "a": pkg_a.get(k), "b": pkg_b.get(k)}
                  for k in sorted(set(pkg_a) | set(pkg_b)) if pkg_a.get(k) != pkg_b.get(k)]
+    warning_rows = warning_differences(a, b)
     regressions = ([r for r in rows if r.get("status") == "regression"]
+                   + [w for w in warning_rows if w["finding"]]
                    + [c for c in checks if c["status"] == "regression"]
                    + [n for n in numerics if n["status"] == "drift"])
     return {"a": _summary(a), "b": _summary(b), "comparable": not mismatch, "mismatch": mismatch,
             "machine_differences": machine_differences(a, b), "rows": rows, "missing": missing,
             "numerics": numerics, "checks": checks, "migrations": migrations, "environment": env_diff,
-            "statistic": f"gain of B over A per figure (its median, or its stated percentile, of per-call "
-                         f"samples), with a {int(stats.CONFIDENCE * 100)}% percentile-bootstrap interval "
-                         f"({n_boot} resamples; two-level when a run has several interleaved rounds: rounds "
-                         f"drawn with replacement, then samples within them); flagged only when the interval "
-                         f"excludes 1, the gain is beyond {min_change:.0%}, and every pair of rounds (A's round i "
-                         f"against B's round i) shows the change in the same direction",
+            "statistic": stats.RULE, "warnings": warning_rows,
             "regressions": regressions}
+
+
+def calibration(report: dict) -> dict:
+    """For an A/A comparison (the same torch on both sides): how many of the figures that could be told
+    were flagged (each one a false alarm) against the nominal rate, how likely that many flags are by
+    chance alone (binomial tail), and the median detectable change. Flags more than chance explains
+    (p < 0.05) mean this machine's noise breaks the statistic's assumption that a slow stretch hits both
+    runs of a pair: rerun on a quieter machine or with more rounds before trusting a finding."""
+    told = [r for r in report["rows"] if r.get("low") is not None]
+    flagged = [f"{r['workload']}/{r['figure']}" for r in told if r["status"] in ("regression", "improvement")]
+    detectable = sorted(r["detectable"] for r in told)
+    nominal = round(1 - stats.CONFIDENCE, 4)
+    n, m = len(told), len(flagged)
+    p_value = sum(math.comb(n, i) * nominal ** i * (1 - nominal) ** (n - i) for i in range(m, n + 1)) if n else None
+    trusted = p_value is None or p_value >= 0.05
+    return {"figures": n, "flagged": flagged, "false_alarm_rate": m / n if n else None, "nominal": nominal,
+            "chance_of_this_many": p_value, "trusted": trusted,
+            "median_detectable": detectable[len(detectable) // 2] if detectable else None}
+
+
+def _path_text(value):
+    """A recorded path as one line: a dict of probes as "name: outcome; ..."."""
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {v}" for k, v in value.items())
+    return value
 
 
 def _summary(run: dict) -> dict:
@@ -395,6 +491,18 @@ def _short(value, unit: str = "") -> str:
     return str(value)
 
 
+def _gain_text(r: dict) -> str:
+    return "-" if r.get("gain") is None else f"{r['gain']:.3f}x"
+
+
+def _interval_text(r: dict) -> str:
+    return "-" if r.get("low") is None else f"[{r['low']:.3f}, {r['high']:.3f}]"
+
+
+def _detectable_text(r: dict) -> str:
+    return "-" if r.get("detectable") is None else f"{r['detectable']:.1%}"
+
+
 def _passed(value) -> str:
     return {True: "pass", False: "FAIL", None: "-"}[value]
 
@@ -410,25 +518,45 @@ def table(report: dict) -> str:
         lines.append("different machines: " + "; ".join(report["machine_differences"]))
     for m in report["migrations"]:
         lines.append(f"migration: {m['workload']} {m['what']}: {m['a']} -> {m['b']}")
-    lines.append(f"{'workload':<16}{'figure':<24}{'stat':>7}{'A':>12}{'B':>12}{'B gain':>8}  {'95% interval':<15} status")
+    lines.append(f"{'workload':<16}{'figure':<24}{'stat':>7}{'A':>12}{'B':>12}{'B gain':>9}  {'95% interval':<16}"
+                 f"{'detectable':>11}  status")
     for r in report["rows"]:
-        if "gain" in r:
+        if "status" in r and "stat" in r:
             lines.append(f"{r['workload']:<16}{r['figure']:<24}{r['stat']:>7}{_short(r['a'], r['unit']):>12}"
-                         f"{_short(r['b'], r['unit']):>12}{r['gain']:>7.3f}x  [{r['low']:.3f}, {r['high']:.3f}]"
-                         f"{'':<1} {r['status']}")
+                         f"{_short(r['b'], r['unit']):>12}{_gain_text(r):>9}  {_interval_text(r):<16}"
+                         f"{_detectable_text(r):>11}  {r['status']}" + (f" ({r['why']})" if r.get("why") else ""))
         else:
-            lines.append(f"{r['workload']:<16}{r['figure']:<24}{'':>47}  {r['status']}")
+            lines.append(f"{r['workload']:<16}{r['figure']:<24}{'':>67}  {r['status']}")
     for m in report["missing"]:
         lines.append(f"{m['workload']:<16}{'(whole workload)':<24}{'':>47}  missing in {m['missing_in']}: {m['why']}")
     for n in report["numerics"]:
         diff = f"max rel diff {n['max_rel_diff']:.2g} (tol {n['tolerance']:.0e})" if "max_rel_diff" in n else ""
-        lines.append(f"numerics {n['workload']}/{n['output']}: {n['status']} {diff}".rstrip())
+        compared = f" [{n['compared']}]" if n.get("compared") else ""
+        lines.append(f"numerics {n['workload']}/{n['output']}: {n['status']} {diff}".rstrip() + compared)
     for c in report["checks"]:
         lines.append(f"check {c['check']}: A {_passed(c['a'])}, B {_passed(c['b'])}: {c['status']}")
         for f in c["figures"]:
             if isinstance(f["a"], (int, float)) and not isinstance(f["a"], bool) or f["a"] != f["b"]:
                 lines.append(f"    {f['key']:<48} A {_short(f['a'])!s:<14} B {_short(f['b'])}")
-    lines.append(f"{len(report['regressions'])} finding(s): regressions beyond the noise, failed checks, drifts")
+    for w in report.get("warnings", []):
+        lines.append(f"warning {w['status']}: {w['step']}: {w['category']}: {w['message']}"
+                     + (" (a finding)" if w["finding"] else ""))
+    if report.get("calibration"):
+        cal = report["calibration"]
+        rate = "-" if cal["false_alarm_rate"] is None else f"{cal['false_alarm_rate']:.0%}"
+        detectable = "-" if cal["median_detectable"] is None else f"{cal['median_detectable']:.1%}"
+        chance = "" if cal["chance_of_this_many"] is None else f", {cal['chance_of_this_many']:.2f} by chance alone"
+        lines.append(f"A/A calibration: {len(cal['flagged'])} of {cal['figures']} figures flagged ({rate}; nominal "
+                     f"{cal['nominal']:.0%} or less{chance}), median detectable change {detectable}"
+                     + ("" if cal["trusted"] else ": more false alarms than chance explains, so this machine's noise "
+                                                  "is not what the statistic assumes; rerun quieter or with more rounds"))
+    counts = {}
+    for r in report["rows"]:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    lines.append("figures: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
+    lines.append(f"rule: {report['statistic']}")
+    lines.append(f"{len(report['regressions'])} finding(s): regressions beyond the noise, failed checks, drifts, "
+                 f"new deprecation warnings")
     return "\n".join(lines)
 
 
@@ -436,19 +564,21 @@ COLORS = {"regression": "#d62728", "improvement": "#2ca02c", "within noise": "#7
 
 
 def chart(report: dict):
-    """A plotly bar chart of B's gain over A per figure, with the 95% bootstrap interval as error bars."""
+    """A plotly bar chart of B's gain over A per figure, with the 95% paired interval as error bars (figures
+    that cannot be told or are not reported are left out)."""
     import plotly.graph_objects as go
-    rows = [r for r in report["rows"] if "gain" in r]
+    rows = [r for r in report["rows"] if r.get("low") is not None]
     fig = go.Figure(go.Bar(
         x=[f"{r['workload']}<br>{r['figure']}" for r in rows], y=[r["gain"] for r in rows],
         marker_color=[COLORS[r["status"]] for r in rows],
         error_y=dict(type="data", symmetric=False, array=[r["high"] - r["gain"] for r in rows],
                      arrayminus=[r["gain"] - r["low"] for r in rows]),
         text=[f"{r['gain']:.2f}x" for r in rows], textposition="outside",
-        hovertext=[f"{r['status']}: 95% interval {r['low']:.3f}-{r['high']:.3f}" for r in rows]))
+        hovertext=[f"{r['status']}: 95% interval {r['low']:.3f}-{r['high']:.3f}, detectable change "
+                   f"{r['detectable']:.1%}" for r in rows]))
     fig.add_hline(y=1.0, line_dash="dash")
     fig.update_layout(title=f"B ({report['b']['label']}) vs A ({report['a']['label']}): above 1 is better in B; "
-                            f"error bars: 95% bootstrap interval; red: regression beyond the noise",
+                            f"error bars: 95% paired interval over rounds; red: regression beyond the noise",
                       yaxis_title="gain of B over A (x)", height=520)
     return fig
 
@@ -485,28 +615,38 @@ def report_html(report: dict) -> str:
                              [[m["workload"], m["what"], m["a"], m["b"]] for m in report["migrations"]])
                  if report["migrations"] else "<p>none</p>")
     parts.append("<h2>Workloads</h2>")
-    rows = [r for r in report["rows"] if "gain" in r]
+    figures = [r for r in report["rows"] if "stat" in r]
+    others = [r for r in report["rows"] if "stat" not in r]
     parts.append(_html_table(
-        ["workload", "figure", "stat", "A", "B", "gain of B", "95% interval", "gain per round",
+        ["workload", "figure", "stat", "A", "B", "gain of B", "95% interval", "detectable", "gain per round pair",
          "samples (rounds) A/B", "status"],
-        [[r["workload"], r["figure"], r["stat"], _short(r["a"], r["unit"]), _short(r["b"], r["unit"]),
-          f"{r['gain']:.3f}x", f"{r['low']:.3f} - {r['high']:.3f}",
+        [[r["workload"], r["figure"], r["stat"], _short(r["a"], r["unit"]), _short(r["b"], r["unit"]), _gain_text(r),
+          _interval_text(r), _detectable_text(r),
           " ".join(f"{g:.2f}" for g in r["round_gains"]) if r.get("round_gains") else "-",
-          f"{r['n_a']} ({r['rounds_a']}) / {r['n_b']} ({r['rounds_b']})", r["status"]]
-         for r in rows] + [[r["workload"], r["figure"], "", "", "", "", "", "", "", r["status"]]
-                           for r in report["rows"] if "gain" not in r]
-        + [[m["workload"], "(whole workload)", "", "", "", "", "", "", "", f"missing in {m['missing_in']}: {m['why']}"]
+          f"{r['n_a']} ({r['rounds_a']}) / {r['n_b']} ({r['rounds_b']})",
+          r["status"] + (f": {r['why']}" if r.get("why") else "")] for r in figures]
+        + [[r["workload"], r["figure"], "", "", "", "", "", "", "", "", r["status"]] for r in others]
+        + [[m["workload"], "(whole workload)", "", "", "", "", "", "", "", "", f"missing in {m['missing_in']}: {m['why']}"]
            for m in report["missing"]],
-        [r["status"] for r in rows] + [""] * (len(report["rows"]) - len(rows) + len(report["missing"]))))
+        [r["status"] for r in figures] + [""] * (len(others) + len(report["missing"]))))
     try:
         parts.append(chart(report).to_html(full_html=False, include_plotlyjs=True))
     except ImportError:
         parts.append("<p>(plotly is not installed: no chart)</p>")
     parts.append("<h2>Numerics: reference outputs of B against A</h2>")
-    parts.append(_html_table(["workload", "output", "shape", "dtype", "status", "max |B-A| / max |A|", "tolerance"],
+    parts.append(_html_table(["workload", "output", "shape", "dtype", "status", "max |B-A| / max |A|", "tolerance",
+                              "compared"],
                              [[n["workload"], n["output"], n.get("shape_a", ""), n.get("dtype_a", ""), n["status"],
-                               f"{n['max_rel_diff']:.3g}" if "max_rel_diff" in n else "", n.get("tolerance", "")]
+                               f"{n['max_rel_diff']:.3g}" if "max_rel_diff" in n else "", n.get("tolerance", ""),
+                               n.get("compared", "")]
                               for n in report["numerics"]], [n["status"] for n in report["numerics"]]))
+    parts.append("<h2>Warnings: raised in one run and not in the other</h2>")
+    parts.append(_html_table(["workload / check", "category", "message", "raised in", "status"],
+                             [[w["step"], w["category"], w["message"], w["where"],
+                               w["status"] + (" (a finding)" if w["finding"] else "")]
+                              for w in report.get("warnings", [])],
+                             ["regression" if w["finding"] else "" for w in report.get("warnings", [])])
+                 if report.get("warnings") else "<p>none</p>")
     parts.append("<h2>Upgrade checks</h2>")
     for c in report["checks"]:
         parts.append(f"<h3 class='{'FAIL' if c['status'] in ('regression', 'fails in both') else ''}'>"

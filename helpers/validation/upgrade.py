@@ -6,8 +6,10 @@ Each `check_<name>(quick, device)` returns {"passed": bool, "tolerance": what wa
 (an accuracy that moves from 0.97 to 0.955 is shown even when both pass).
 
 - quantization: post-training quantization of an MLP trained on scikit-learn's digits (a real labelled
-  data set shipped inside the package, 1797 8x8 images): fp32 vs dynamic int8 vs static int8 calibrated
-  on training images (eager-mode torch.ao.quantization, x86 backend), test accuracy and agreement.
+  data set shipped inside the package, 1797 8x8 images): int8 weight-only per channel as lesson 05 does it
+  (helpers.quant), test accuracy and agreement with fp32; beside it the legacy eager torch.ao.quantization
+  path (dynamic and static int8; deprecated, its warning left for the pipeline to capture) where it still
+  exists, and torchao's Int8WeightOnlyConfig where torchao is installed.
 - cpp_extension: a C++ operator compiled with torch.utils.cpp_extension.load_inline against this
   torch's headers (one build directory per torch version), loaded into this libtorch (the ABI check),
   then torch.library.opcheck and a numeric check.
@@ -25,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import quant
 from helpers.validation import compat, models
 
 # --- Quantization accuracy on a real labelled data set -------------------------------------------
@@ -51,18 +53,15 @@ def digits_split(seed: int = 0):
     return x[order[:split]], y[order[:split]], x[order[split:]], y[order[split:]]
 
 
-class _QuantMLP(nn.Module):
+class _DigitsMLP(nn.Module):
     def __init__(self):
         super().__init__()
-        self.quant, self.dequant = torch.ao.quantization.QuantStub(), torch.ao.quantization.DeQuantStub()
         self.fc1, self.relu1 = nn.Linear(64, 128), nn.ReLU()
         self.fc2, self.relu2 = nn.Linear(128, 128), nn.ReLU()
         self.fc3 = nn.Linear(128, 10)
 
     def forward(self, x):
-        x = self.quant(x)
-        x = self.relu2(self.fc2(self.relu1(self.fc1(x))))
-        return self.dequant(self.fc3(x))
+        return self.fc3(self.relu2(self.fc2(self.relu1(self.fc1(x)))))
 
 
 def _accuracy(model, x, y) -> float:
@@ -75,18 +74,52 @@ def _agreement(a, b, x) -> float:
         return (a(x).argmax(-1) == b(x).argmax(-1)).float().mean().item()
 
 
+def _score(results: dict, name: str, model, quantized, x_test, y_test) -> None:
+    acc = _accuracy(quantized, x_test, y_test)
+    results[f"{name}_accuracy"] = acc
+    results[f"{name}_drop"] = results["fp32_accuracy"] - acc
+    results[f"{name}_agreement_with_fp32"] = _agreement(model, quantized, x_test)
+
+
+def _legacy_eager(model, x_train) -> dict[str, nn.Module]:
+    """Dynamic and static int8 through eager torch.ao.quantization (x86 qconfig, Linear+ReLU fused, 512
+    calibration images). Its deprecation warnings are left to reach the pipeline's warning capture."""
+    import torch.ao.quantization as tq
+    dynamic = tq.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+    static = tq.QuantWrapper(copy.deepcopy(model))
+    static.qconfig = tq.get_default_qconfig("x86")
+    tq.fuse_modules(static, [["module.fc1", "module.relu1"], ["module.fc2", "module.relu2"]], inplace=True)
+    tq.prepare(static, inplace=True)
+    with torch.inference_mode():
+        for i in range(0, 512, 64):
+            static(x_train[i:i + 64])
+    tq.convert(static, inplace=True)
+    return {"dynamic_int8": dynamic, "static_int8": static}
+
+
+def _torchao_int8_weight_only(model) -> nn.Module:
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    quantized = copy.deepcopy(model)
+    quantize_(quantized, Int8WeightOnlyConfig())
+    return quantized
+
+
 def check_quantization(quick: bool, device: torch.device) -> dict:
-    """Train an MLP on digits (fp32, CPU), then post-training quantization two ways: dynamic int8
-    (torch.ao.quantization.quantize_dynamic) and static int8 with calibration (QuantStub/DeQuantStub,
-    fuse Linear+ReLU, prepare with the x86 qconfig, calibrate on training images, convert). The int8
-    kernels are CPU kernels, so this check runs on the CPU whatever the device."""
+    """Train an MLP on digits (fp32, CPU), then post-training quantization. The checked path is lesson
+    05's: int8 weight-only per output channel (helpers.quant.Int8WeightOnlyLinear, torch's
+    _weight_int8pack_mm), which runs on 2.9 and 2.10 alike. Recorded beside it: the legacy eager
+    torch.ao.quantization path (dynamic and static int8) where this torch still has it, and torchao's
+    Int8WeightOnlyConfig where torchao is installed. The int8 kernels are CPU kernels, so this check runs
+    on the CPU whatever the device."""
+    tolerance = (f"fp32 test accuracy >= 0.9; int8 weight-only accuracy drop <= {QUANT_MAX_ACCURACY_DROP:.0%} "
+                 f"(absolute)")
     try:
         x_train, y_train, x_test, y_test = digits_split()
     except ImportError:
-        return {"passed": False, "tolerance": f"accuracy drop <= {QUANT_MAX_ACCURACY_DROP:.0%}",
+        return {"passed": False, "tolerance": tolerance,
                 "details": {"error": "scikit-learn is not installed (pip install scikit-learn): its digits "
                                      "data set is the labelled data this check measures accuracy on"}}
-    model = models.seed_parameters_(_QuantMLP(), 5)
+    model = models.seed_parameters_(_DigitsMLP(), 5)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     rng = np.random.default_rng(1)
     for _ in range(300 if quick else 1500):
@@ -95,33 +128,33 @@ def check_quantization(quick: bool, device: torch.device) -> dict:
         F.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
         opt.step()
     model.eval()
-    fp32 = _accuracy(model, x_test, y_test)
     results = {"dataset": f"sklearn digits: {len(x_train)} train / {len(x_test)} test images",
-               "fp32_accuracy": fp32}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        dyn = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
-        static = copy.deepcopy(model)
-        static.qconfig = torch.ao.quantization.get_default_qconfig("x86")
-        torch.ao.quantization.fuse_modules(static, [["fc1", "relu1"], ["fc2", "relu2"]], inplace=True)
-        torch.ao.quantization.prepare(static, inplace=True)
-        with torch.inference_mode():
-            for i in range(0, 512, 64):                 # calibration: 512 training images
-                static(x_train[i:i + 64])
-        torch.ao.quantization.convert(static, inplace=True)
-    deprecations = sorted({str(w.message).splitlines()[0][:200] for w in caught
-                           if issubclass(w.category, (DeprecationWarning, FutureWarning))})
-    for name, q in (("dynamic_int8", dyn), ("static_int8", static)):
-        acc = _accuracy(q, x_test, y_test)
-        results[f"{name}_accuracy"] = acc
-        results[f"{name}_drop"] = fp32 - acc
-        results[f"{name}_agreement_with_fp32"] = _agreement(model, q, x_test)
-    results["deprecation_warnings"] = deprecations
-    drop = max(results["dynamic_int8_drop"], results["static_int8_drop"])
-    return {"passed": drop <= QUANT_MAX_ACCURACY_DROP and fp32 >= 0.9,
-            "tolerance": f"fp32 test accuracy >= 0.9; accuracy drop <= {QUANT_MAX_ACCURACY_DROP:.0%} (absolute) "
-                         f"for dynamic and static int8",
-            "details": results, "paths": {"quantization": "torch.ao.quantization eager (x86 qconfig)"}}
+               "fp32_accuracy": _accuracy(model, x_test, y_test)}
+    int8 = quant.swap_linears(copy.deepcopy(model), quant.Int8WeightOnlyLinear.from_linear)
+    _score(results, "int8_weight_only", model, int8, x_test, y_test)
+    kernels = sorted({m.path for m in int8.modules() if isinstance(m, quant.Int8WeightOnlyLinear)})
+    paths = {"quantization": f"int8 weight-only per channel (helpers.quant: {', '.join(kernels)})"}
+    try:
+        legacy = _legacy_eager(model, x_train)
+    except (ImportError, AttributeError) as exc:
+        results["legacy_eager"] = f"absent: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        paths["legacy_eager"] = "absent"
+    else:
+        for name, quantized in legacy.items():
+            _score(results, name, model, quantized, x_test, y_test)
+        results["legacy_eager"] = "ran"
+        paths["legacy_eager"] = "torch.ao.quantization eager (x86 qconfig)"
+    try:
+        torchao = _torchao_int8_weight_only(model)
+    except ImportError:
+        results["torchao"] = "skipped: torchao is not installed"
+        paths["torchao"] = "skipped"
+    else:
+        _score(results, "torchao_int8_weight_only", model, torchao, x_test, y_test)
+        results["torchao"] = "ran"
+        paths["torchao"] = "Int8WeightOnlyConfig"
+    return {"passed": results["int8_weight_only_drop"] <= QUANT_MAX_ACCURACY_DROP and results["fp32_accuracy"] >= 0.9,
+            "tolerance": tolerance, "details": results, "paths": paths}
 
 
 # --- A compiled C++ extension, built and loaded under this torch -----------------------------------

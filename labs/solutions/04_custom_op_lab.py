@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | write the loop body of a C++ CPU kernel (`silu_mul`, the core of a SwiGLU MLP), register a fake kernel and an autograd formula for it with `torch.library`, pass `torch.library.opcheck`, and use the op in a `torch.compile`d MLP with no graph breaks, and time your kernel against eager PyTorch and `torch.compile` |
+# | **What you will learn** | write the loop body of a C++ CPU kernel (`silu_mul`, the core of a SwiGLU MLP), register a fake kernel and an autograd formula for it with `torch.library`, pass `torch.library.opcheck`, and use the op in a `torch.compile`d MLP with no graph breaks, and time your kernel against eager PyTorch and `torch.compile`; then read an op's kernel and write the schema that declares what it writes, proven by `opcheck` |
 # | **Prerequisites** | lesson 04 (XPU, SYCL and custom ops) |
 # | **Hardware** | any CPU. Exercise 1 and the timing need a C++ compiler and ninja; without them the PyTorch reference stands in for your kernel, the lab says so, and exercises 2-4 still run |
-# | **Time** | 45 minutes |
+# | **Time** | 50 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # The op is `labs_ext::silu_mul(Tensor gate, Tensor up) -> Tensor`: `out = silu(gate) * up`, with
@@ -215,6 +215,48 @@ def swiglu_mlp(x, w_gate, w_up, w_down):
 check("04_custom_op_lab", swiglu_mlp)
 
 # %% [markdown]
+# ## Exercise 5: the schema of an op that writes
+#
+# A second op, `silu_mul_record(gate, up, out, amax)`, comes with its kernel written: it puts
+# `silu(gate) * up` into a buffer `out` that the caller passes and raises `amax` to the largest `|out|`
+# seen so far. Before it can be registered, it needs a schema, and the schema must tell the truth about
+# what the kernel writes: `torch.compile` trusts it (it clones each argument declared as written, runs
+# the op on the clones and writes them back, `auto_functionalized`), so an undeclared write can make the
+# compiled results wrong.
+#
+# Write `silu_mul_record_schema()`: return the schema from its argument list on, `"(...) -> ..."`, in
+# the schema language: `Tensor x` for an argument the op only reads, `Tensor(a!) x` for one it writes
+# (each written argument with a letter of its own), `-> ()` for an op that returns nothing. Keep the
+# kernel's argument names and order. Lesson 04 declared one `out=` buffer through `custom_op`'s
+# `mutates_args`; here the decision is yours: read the kernel below line by line, decide which arguments
+# it writes, and what the op returns.
+#
+# What is checked: that the schema returns what an op that writes its arguments may return,
+# `torch.library.opcheck` on an op defined with your schema and this kernel (float32 inputs; its
+# `test_schema` compares every argument before and after a call), and that the schema declares exactly the
+# arguments the kernel writes (one it only reads, declared as written, costs a copy under `torch.compile`).
+# Hidden cases run `opcheck` on bfloat16 and float64 inputs of other shapes.
+
+# %%
+import inspect
+
+from helpers.lab_checks import silu_mul_record_kernel
+
+print(inspect.getsource(silu_mul_record_kernel))
+
+
+# %%
+def silu_mul_record_schema() -> str:
+    ### BEGIN SOLUTION
+    # gate is the sigmoid's scratch (sigmoid_), out is copied into and multiplied in place, amax is an out=
+    return "(Tensor(a!) gate, Tensor up, Tensor(b!) out, Tensor(c!) amax) -> ()"
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("04_custom_op_lab", silu_mul_record_schema)
+
+# %% [markdown]
 # ## How fast is your kernel?
 #
 # A custom op is worth its C++ only if it beats what PyTorch already gives. The cell below times three
@@ -246,6 +288,6 @@ else:
 #
 # One op, registered piece by piece: a schema (given), a CPU kernel in C++ (exercise 1), a fake
 # kernel (exercise 2) and an autograd formula (exercise 3), proven by `opcheck`, used inside a
-# compiled model (exercise 4) and timed against eager PyTorch and `torch.compile`. An Intel GPU
-# kernel would be one more file, a `.sycl` source with a `TORCH_LIBRARY_IMPL(labs_ext, XPU, m)` block
+# compiled model (exercise 4) and timed against eager PyTorch and `torch.compile`; then a second op's
+# schema, which declares the arguments its kernel writes (exercise 5). An Intel GPU kernel would be one more file, a `.sycl` source with a `TORCH_LIBRARY_IMPL(labs_ext, XPU, m)` block
 # (lesson 04 shows one for RMSNorm); the fake kernel and the autograd formula would serve it unchanged.

@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | to quantize weights per channel to int8 (or fewer bits) by hand, to feed the int8 weight-only kernel the activation dtype of its fast path, and to ship a model at under a third of the fp32 bytes whose predictions agree with the fp32 model's on at least 97% of inputs; its batch-1 speed against fp32 is measured and printed, not a target |
+# | **What you will learn** | to quantize weights per channel to int8 (or fewer bits) by hand, to feed the int8 weight-only kernel the activation dtype of its fast path, and to ship a model at under a third of the fp32 bytes whose predictions agree with the fp32 model's on at least 97% of inputs; its batch-1 speed against fp32 is measured and printed, not a target; then, on a labelled task (scikit-learn digits), to choose a granularity and a bit width per layer that meet a size budget and an accuracy budget at once |
 # | **Prerequisites** | lesson 05 (sections 1, 2 and 4) |
 # | **Hardware** | any CPU; the same code runs where `torch._weight_int8pack_mm` has a kernel (CUDA, MPS, XPU) |
-# | **Time** | 30 minutes |
+# | **Time** | 40 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # The model below is a classifier whose output channels have very different scales (as trained
@@ -223,3 +223,60 @@ print(f"{zero_rows} weight rows are all-zero codes with one scale per tensor; th
       f"{'passes' if passes else 'fails'}; you predicted: {PREDICT_PER_TENSOR_PASSES}")
 assert not passes, "per-tensor scales kept the agreement: the rows of this model no longer differ by 1000x?"
 assert zero_rows > 0, "no row rounded to all-zero codes: the per-tensor re-quantization above did not run?"
+
+# %% [markdown]
+# ## Exercise 4: choose granularity and bit width under two budgets, on a labelled task
+#
+# The model above has no labels. This one has: the MLP of lesson 05's section 5 (64 → 128 → 128 → 10),
+# trained on scikit-learn's digits, with their 450 test images (`helpers.lab_checks.digits_model()`). As
+# in many trained networks, its channels differ in scale: fc1's output channels are spread over 100x
+# (and fc2's inputs, which are fc1's outputs, scaled back by the inverse, so the function is the same).
+#
+# For each of `fc1`, `fc2` and `fc3`, choose a granularity, one scale per tensor (`"tensor"`), per row
+# (`"channel"`) or per group of 16 consecutive inputs of a row (`"group"`), and a bit width (8, 4 or 2),
+# so that the model meets **both** budgets:
+#
+# - size: at most `PLAN_MAX_BYTES` bytes of weights, counted as the codes packed at `bits` bits each plus
+#   4 bytes per fp32 scale (biases are not counted); the cell below prints the fp32 weights' bytes;
+# - accuracy: at most `PLAN_MAX_EXTRA_WRONG` more test images wrong than the fp32 model (under 1 point).
+#
+# `plan_report(plan)` measures a plan: its bytes, the test images it loses, and what each layer's choice
+# costs alone. Measure as much as you like, but decide first, layer by layer: along which dimension do
+# its weights' magnitudes spread, and what does each granularity do with that spread? Return your plan
+# from `choose_plan()`, as `{"fc1": (granularity, bits), "fc2": ..., "fc3": ...}`.
+#
+# What is checked: the plan's form, its bytes and its test accuracy, recomputed by the check with its own
+# quantizer. Hidden cases apply the same plan to the same network trained with two other seeds, under the
+# same budgets: a plan that passes on one model's luck can miss there. Without scikit-learn the exercise
+# is skipped.
+
+# %%
+from helpers.device import requires
+from helpers.lab_checks import PLAN_MAX_BYTES, PLAN_MAX_EXTRA_WRONG, digits_model, plan_report
+
+HAVE_SKLEARN = requires("sklearn", section="Exercise 4 (scikit-learn digits)")
+if HAVE_SKLEARN:
+    digits, x_test, y_test = digits_model()
+    fp32_bytes = sum(layer.weight.numel() * 4 for layer in (digits.fc1, digits.fc2, digits.fc3))
+    print(f"fp32 weights: {fp32_bytes:,} bytes; budgets: {PLAN_MAX_BYTES:,} bytes, at most "
+          f"{PLAN_MAX_EXTRA_WRONG} more of the {len(y_test)} test images wrong")
+    for name in ("fc1", "fc2", "fc3"):
+        print(f"{name}: weight {tuple(getattr(digits, name).weight.shape)}")
+
+
+# %%
+def choose_plan() -> dict[str, tuple[str, int]]:
+    ### BEGIN SOLUTION
+    # fc1's rows spread: one scale per row absorbs it, so 4 bits suffice. fc2's columns spread: every row and
+    # every group of 16 mixes small and large weights, and only 8 bits keep the small ones. fc3 is small.
+    return {"fc1": ("channel", 4), "fc2": ("channel", 8), "fc3": ("channel", 8)}
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+if HAVE_SKLEARN:
+    check("05_quantization_lab", choose_plan)
+    report = plan_report(choose_plan())
+    print(f"your plan: {report['bytes']:,} bytes of weights; test images wrong beyond fp32's: {report['extra_wrong']}")
+else:
+    print("Exercise 4: not checked (no scikit-learn here)")
