@@ -1216,6 +1216,40 @@ def record_schema_alias_no_write():
     return "(Tensor(a) gate, Tensor up, Tensor(b) out, Tensor(c) amax) -> ()"
 
 
+def record_schema_shared_letter():
+    # one letter for the three written arguments: it says they may be one tensor (torch only warns)
+    return "(Tensor(a!) gate, Tensor up, Tensor(a!) out, Tensor(a!) amax) -> ()"
+
+
+def record_schema_renamed():
+    # short names of its own, not the kernel's
+    return "(Tensor(a!) g, Tensor u, Tensor(b!) o, Tensor(c!) m) -> ()"
+
+
+def record_schema_with_name():
+    # the op's name in front, as lib.define takes it
+    return "silu_mul_record(Tensor(a!) gate, Tensor up, Tensor(b!) out, Tensor(c!) amax) -> ()"
+
+
+def record_schema_returns_list():
+    # a list of tensors returned: a fresh value the kernel never returns
+    return "(Tensor(a!) gate, Tensor up, Tensor(b!) out, Tensor(c!) amax) -> Tensor[]"
+
+
+@pytest.mark.parametrize("fn, first_case", [
+    (record_schema_returns_list, "what the op returns"),
+    (record_schema_renamed, "the kernel's arguments, by name and in order"),
+    (record_schema_with_name, "the kernel's arguments, by name and in order")])
+def test_lab_04_schema_feedback_opens_with_the_mistake(fn, first_case):
+    """The first failure reported is the case whose hint names the mistake, not the returns hint."""
+    assert run_cases("04_custom_op_lab", fn, "silu_mul_record_schema")[0][0] == first_case
+
+
+def test_lab_04_a_fresh_list_returned_is_not_an_aliased_output():
+    failed = dict(run_cases("04_custom_op_lab", record_schema_returns_list, "silu_mul_record_schema"))
+    assert "no output aliases an argument" not in failed
+
+
 # --- Lab 05: quantization ------------------------------------------------------------------------
 
 def quantize_per_tensor(w, bits=8):
@@ -1407,6 +1441,11 @@ def plan_int8_per_tensor():
 def plan_not_a_plan():
     # a format name per layer instead of (granularity, bits)
     return {"fc1": "int4", "fc2": "int8", "fc3": "int8"}
+
+
+def plan_fc3_per_tensor():
+    # the smallest head that passed on seed 0 at exactly the budget: 4 bits, one scale for all of fc3
+    return {"fc1": ("channel", 4), "fc2": ("channel", 8), "fc3": ("tensor", 4)}
 
 
 def choose_plan_second_solution():
@@ -2187,7 +2226,11 @@ def _round_medians(rounds_a, rounds_b, stat=np.median):
     return np.array([stat(r) for r in rounds_a]), np.array([stat(r) for r in rounds_b])
 
 
-def _paired_answer(stat=np.median, quantile=None, ddof=1, arithmetic=False, ignore_better=False):
+SIX_ROUNDS = "times, 6 rounds with slow stretches shared by each pair, B about 10% slower"   # Ex 1's first data
+
+
+def _paired_answer(stat=np.median, quantile=None, ddof=1, arithmetic=False, ignore_better=False, df_offset=-1,
+                   level=0.975):
     """paired_interval with one thing changed (the right answer with the defaults)."""
     from helpers.validation import stats
 
@@ -2198,7 +2241,7 @@ def _paired_answer(stat=np.median, quantile=None, ddof=1, arithmetic=False, igno
         lower = better == "lower" or ignore_better
         d = np.log(ma / mb) if lower else np.log(mb / ma)
         k = len(d)
-        half = (quantile or stats.t_quantile(0.975, k - 1)) * d.std(ddof=ddof) / np.sqrt(k)
+        half = (quantile or stats.t_quantile(level, k + df_offset)) * d.std(ddof=ddof) / np.sqrt(k)
         gain = (ma.mean() / mb.mean() if lower else mb.mean() / ma.mean()) if arithmetic else np.exp(d.mean())
         return float(gain), float(np.exp(d.mean() - half)), float(np.exp(d.mean() + half))
     return paired_interval
@@ -2209,6 +2252,17 @@ paired_ddof0 = _paired_answer(ddof=0)                     # the population stand
 paired_arithmetic = _paired_answer(arithmetic=True)       # the gain as a ratio of the mean round medians
 paired_ignores_better = _paired_answer(ignore_better=True)  # A / B for a throughput too
 paired_round_means = _paired_answer(stat=np.mean)         # each round summarised by its mean
+paired_k_df = _paired_answer(df_offset=0)                 # k degrees of freedom, not k - 1
+paired_t95 = _paired_answer(level=0.95)                   # the 95% quantile: a 90% two-sided interval
+
+
+def paired_calls_stats(rounds_a, rounds_b, better):
+    # the pipeline's own function, which the exercise asks to write
+    from helpers.validation import stats
+    if len(rounds_a) != len(rounds_b) or len(rounds_a) < 2:
+        raise ValueError("need the same number of rounds on each side, at least two")
+    r = stats.paired_interval([float(np.median(x)) for x in rounds_a], [float(np.median(x)) for x in rounds_b], better)
+    return r["gain"], r["low"], r["high"]
 
 
 def paired_unpaired(rounds_a, rounds_b, better):
@@ -2265,18 +2319,28 @@ def paired_second(rounds_a, rounds_b, better):
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
-def _decide_answer(floor=True, interval=True, detectable=True, fraction=True, no_interval=True):
-    """decide with one rule dropped (the right answer with the defaults)."""
+def _decide_answer(floor=True, interval=True, detectable=True, fraction=True, no_interval=True,
+                   detectable_first=False, floor_on="gain", floor_below="inverse", strict=True):
+    """decide with one rule dropped or changed (the right answer with the defaults)."""
     from helpers.validation import stats
 
     def decide(row, wanted):
         if no_interval and row.get("low") is None:
             return "cannot tell"
+        if detectable_first and row["detectable"] > wanted:
+            return "cannot tell"
         gain = row["gain"]
-        below, above = (row["high"] < 1, row["low"] > 1) if interval else (gain < 1, gain > 1)
-        if below and (gain < 1 / (1 + stats.MIN_CHANGE) or not floor):
+        if not interval:
+            below, above = gain < 1, gain > 1
+        elif strict:
+            below, above = row["high"] < 1, row["low"] > 1
+        else:
+            below, above = row["high"] <= 1, row["low"] >= 1
+        low_end, high_end = (gain, gain) if floor_on == "gain" else (row["high"], row["low"])
+        limit = 1 / (1 + stats.MIN_CHANGE) if floor_below == "inverse" else 1 - stats.MIN_CHANGE
+        if below and (low_end < limit or not floor):
             return "regression"
-        if above and (gain > 1 + stats.MIN_CHANGE or not floor):
+        if above and (high_end > 1 + stats.MIN_CHANGE or not floor):
             return "improvement"
         if not detectable:
             return "no change of that size"
@@ -2289,6 +2353,10 @@ decide_gain_only = _decide_answer(interval=False)         # a gain below 1 calle
 decide_ignores_detectable = _decide_answer(detectable=False)   # within noise read as "no change"
 decide_one_plus_wanted = _decide_answer(fraction=False)   # detectable compared with 1 + wanted
 decide_needs_interval = _decide_answer(no_interval=False)  # assumes every row has an interval
+decide_detectable_first = _decide_answer(detectable_first=True)   # "cannot tell" before the interval is read
+decide_floor_on_interval = _decide_answer(floor_on="interval")    # the 2% floor on the interval's end
+decide_one_minus_floor = _decide_answer(floor_below="subtracted")  # the floor below 1 as 1 - MIN_CHANGE
+decide_non_strict = _decide_answer(strict=False)          # an interval ending at 1 taken as below 1
 
 
 def decide_second(row, wanted):
@@ -2379,7 +2447,8 @@ def find_drift_second(report):
     return {k: row[k] for k in ("workload", "output", "max_rel_diff")}
 
 
-def _checkpoint_answer(averaged=False, better="lower", torch_inputs=False, only_figures=False):
+def _checkpoint_answer(averaged=False, better="lower", torch_inputs=False, only_figures=False, timed="trip",
+                       checked=True, record="reloaded", weights_only=True, into_model=True, fixed_samples=None):
     """checkpoint_workload with one thing changed (the right answer with the defaults)."""
     import io
 
@@ -2389,22 +2458,31 @@ def _checkpoint_answer(averaged=False, better="lower", torch_inputs=False, only_
         model = models.seed_parameters_(nn.Linear(16, 4), seed=3).to(device)
         x = (torch.randn(8, 16) if torch_inputs else models.randn(8, 16, seed=4)).to(device)
 
-        def round_trip():
+        def save():
             buffer = io.BytesIO()
             torch.save(model.state_dict(), buffer)
             buffer.seek(0)
+            return buffer
+
+        def round_trip():
+            state = torch.load(save(), weights_only=True) if weights_only else torch.load(save())
             copy_ = nn.Linear(16, 4).to(device)
-            copy_.load_state_dict(torch.load(buffer, weights_only=True))
+            if into_model:
+                copy_.load_state_dict(state)
             return copy_
         with torch.no_grad():
+            expected = model(x)
             out = round_trip()(x)
-        seconds = workloads.sample_calls({"trip": round_trip}, device, samples or 20)["trip"]
+            if checked and not torch.equal(out, expected):
+                raise RuntimeError("the reloaded model computes something else")
+        call = {"trip": round_trip, "forward": lambda: model(x), "save": save}[timed]
+        seconds = workloads.sample_calls({"trip": call}, device, fixed_samples or samples or 20)["trip"]
         if averaged:
             seconds = [sum(seconds) / len(seconds)]
         figures = {"trip_time": {**workloads.figure(seconds), "better": better}}
         if only_figures:
             return figures
-        references, tensors = reference.record({"out": out})
+        references, tensors = reference.record({"out": out if record == "reloaded" else expected})
         return {"config": {}, "figures": figures, "paths": {}, "notes": {}, "references": references,
                 "_tensors": tensors}
     return checkpoint_workload
@@ -2414,10 +2492,18 @@ checkpoint_averaged = _checkpoint_answer(averaged=True)          # one averaged 
 checkpoint_better_reversed = _checkpoint_answer(better="higher")  # a time marked better higher
 checkpoint_torch_randn = _checkpoint_answer(torch_inputs=True)   # inputs from torch's global random state
 checkpoint_figures_only = _checkpoint_answer(only_figures=True)  # the figures alone, not a workload record
+checkpoint_forward_only = _checkpoint_answer(timed="forward")     # times the forward pass, no save or load
+checkpoint_save_only = _checkpoint_answer(timed="save")          # times torch.save alone
+checkpoint_unchecked = _checkpoint_answer(checked=False)         # never compares the reloaded model
+checkpoint_records_original = _checkpoint_answer(record="original")  # the original model's output recorded
+checkpoint_unsafe_load = _checkpoint_answer(weights_only=False)  # torch.load without weights_only=True
+checkpoint_no_load_state_dict = _checkpoint_answer(checked=False, into_model=False)  # the state never loaded
+checkpoint_ignores_samples = _checkpoint_answer(fixed_samples=20)  # always 20 timed calls
 
 
 def checkpoint_second(quick, device, compile=False, samples=None):
-    # a second correct solution: a rate figure (better higher), its own timing loop, a file on disk
+    # a second correct solution: a rate figure (better higher), its own timing loop, a file on disk, the
+    # original output computed first and compared with assert_close at zero tolerance
     import tempfile
     import time
 
@@ -2439,7 +2525,9 @@ def checkpoint_second(quick, device, compile=False, samples=None):
             round_trip()
             seconds.append(time.perf_counter() - start)
         with torch.no_grad():
+            expected = model(x)
             out = round_trip()(x)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
     references, tensors = reference.record({"reloaded": out})
     return {"config": {"width": 8}, "figures": {"trips_per_s": figure(seconds, unit="trips/s", better="higher")},
             "paths": {"format": "torch.save zip file"}, "notes": {}, "references": references, "_tensors": tensors}
@@ -2454,6 +2542,37 @@ SECOND_SOLUTIONS_09 = [("paired_interval", paired_second), ("decide", decide_sec
 def test_lab_09_second_solution_gets_full_marks(function, fn):
     """A correct solution written differently from the notebook's passes every case, visible and hidden."""
     assert run_cases("09_migration_lab", fn, function) == []
+
+
+LEARNER_VIEW_09 = [
+    ("paired_interval", "normal-quantile", paired_z, "the interval's width"),
+    ("paired_interval", "ddof-0", paired_ddof0, "the interval's width"),
+    ("paired_interval", "k-degrees", paired_k_df, "the interval's width"),
+    ("paired_interval", "t-at-0.95", paired_t95, "the interval's width"),
+    ("paired_interval", "calls-stats", paired_calls_stats, "what this exercise asks you to write yourself"),
+    ("decide", "detectable-first", decide_detectable_first, "the interval decides first"),
+    ("decide", "floor-on-interval", decide_floor_on_interval, "not to the interval's end"),
+    ("decide", "one-minus-floor", decide_one_minus_floor, "not 1 - MIN_CHANGE"),
+    ("decide", "interval-reaches-1", decide_non_strict, "an interval that ends at 1 contains 1"),
+    ("checkpoint_workload", "forward-only", checkpoint_forward_only, "not the forward pass or the save alone"),
+    ("checkpoint_workload", "save-only", checkpoint_save_only, "not the forward pass or the save alone"),
+    ("checkpoint_workload", "unsafe-load", checkpoint_unsafe_load, "torch.load(..., weights_only=True)"),
+    ("checkpoint_workload", "no-load-state-dict", checkpoint_no_load_state_dict, "never put into the model"),
+    ("checkpoint_workload", "unchecked", checkpoint_unchecked, "must not go unnoticed"),
+    ("checkpoint_workload", "records-original", checkpoint_records_original, "not the original model's"),
+    ("checkpoint_workload", "ignores-samples", checkpoint_ignores_samples,
+     "the number of samples is not what was asked"),
+]
+
+
+@pytest.mark.parametrize("function, name, fn, hint", LEARNER_VIEW_09,
+                         ids=[f"{f}-{n}" for f, n, _, _ in LEARNER_VIEW_09])
+def test_lab_09_check_stops_with_the_mistakes_hint(function, name, fn, hint):
+    """The notebook's check stops at the first visible case that fails: that case's hint names this mistake
+    (not another case's, such as the gain's for a wrong interval)."""
+    with pytest.raises(CheckFailed) as failed:
+        check("09_migration_lab", fn, function)
+    assert hint in str(failed.value), str(failed.value)
 
 
 # --- The table: (lab, function, wrong answer, the case it fails, text of that case's hint) -------
@@ -2668,9 +2787,17 @@ WRONG = [
     Wrong(L04, "silu_mul_record_schema", "all-written", record_schema_all_written,
           "declares exactly the arguments the kernel writes", "one it only reads costs a copy"),
     Wrong(L04, "silu_mul_record_schema", "returns-out", record_schema_returns_out,
-          "an op that writes its arguments returns nothing", "whose output aliases one of its inputs"),
+          "no output aliases an argument", "whose output aliases one of its inputs"),
     Wrong(L04, "silu_mul_record_schema", "alias-without-write", record_schema_alias_no_write,
           "opcheck passes (float32, 3 x 5)", "an alias annotation with '!'"),
+    Wrong(L04, "silu_mul_record_schema", "shared-letter", record_schema_shared_letter, "alias letters",
+          "give each a letter of its own"),
+    Wrong(L04, "silu_mul_record_schema", "renamed-arguments", record_schema_renamed,
+          "the kernel's arguments, by name and in order", "Keep the kernel's argument names"),
+    Wrong(L04, "silu_mul_record_schema", "op-name-in-front", record_schema_with_name,
+          "the kernel's arguments, by name and in order", "the op's name is added for you"),
+    Wrong(L04, "silu_mul_record_schema", "returns-list", record_schema_returns_list, "what the op returns",
+          "has no value of its own to return"),
 
     Wrong(L05, "quantize_weight", "per-tensor", quantize_per_tensor, "one fp32 scale per row",
           "one value per output row"),
@@ -2720,6 +2847,8 @@ WRONG = [
           "at most 4 more test images wrong than fp32", "only more bits keep the small ones"),
     Wrong(L05, "choose_plan", "format-names", plan_not_a_plan, "a (granularity, bits) for each layer",
           "each mapped to (granularity, bits)"),
+    Wrong(L05, "choose_plan", "fc3-per-tensor", plan_fc3_per_tensor, "the same plan on the model trained with seed 4",
+          "extra_wrong_alone measures each layer's choice"),
 
     Wrong(L06, "key_mask", "true-on-padding", key_mask_true_on_padding, "a boolean mask, True on real keys",
           "True where the key is a real token"),
@@ -2846,13 +2975,20 @@ WRONG = [
           "returns the loaded module (callable)", "an ExportedProgram itself cannot be called"),
     Wrong(L08, "export_and_reload", "torchscript", export_torchscript,
           "export accepts the batch as dynamic (a loop-free forward)", FORBIDDEN_HINT),
-    Wrong(L09, "paired_interval", "unpaired", paired_unpaired,
-          "slow stretches shared by each pair of rounds: the 95% interval", "not of each side separately"),
-    Wrong(L09, "paired_interval", "bootstrap-pairs", paired_bootstrap,
-          "slow stretches shared by each pair of rounds: the 95% interval", "not a resampling of the pairs"),
+    Wrong(L09, "paired_interval", "unpaired", paired_unpaired, f"{SIX_ROUNDS}: the 95% interval",
+          "not of each side separately"),
+    Wrong(L09, "paired_interval", "bootstrap-pairs", paired_bootstrap, f"{SIX_ROUNDS}: the 95% interval",
+          "not a resampling of the pairs"),
+    Wrong(L09, "paired_interval", "normal-quantile-first", paired_z, f"{SIX_ROUNDS}: the 95% interval",
+          "not the normal 1.96"),
+    Wrong(L09, "paired_interval", "k-degrees", paired_k_df, f"{SIX_ROUNDS}: the 95% interval",
+          "with k - 1 degrees of freedom"),
+    Wrong(L09, "paired_interval", "t-at-0.95", paired_t95, f"{SIX_ROUNDS}: the 95% interval", "the 97.5% quantile"),
+    Wrong(L09, "paired_interval", "calls-stats", paired_calls_stats,
+          "written without stats.paired_interval or stats.compare_figure", "write yourself"),
     Wrong(L09, "paired_interval", "normal-quantile", paired_z, "3 pairs: the 95% interval", "not the normal 1.96"),
     Wrong(L09, "paired_interval", "ddof-0", paired_ddof0, "3 pairs: the 95% interval", "k - 1 in its denominator"),
-    Wrong(L09, "paired_interval", "arithmetic-means", paired_arithmetic, "times, 6 rounds, B about 10% slower: the gain",
+    Wrong(L09, "paired_interval", "arithmetic-means", paired_arithmetic, f"{SIX_ROUNDS}: the gain",
           "not a ratio of averages"),
     Wrong(L09, "paired_interval", "better-ignored", paired_ignores_better,
           "throughputs (better higher), 3 rounds: the gain", "for a throughput B / A"),
@@ -2867,6 +3003,14 @@ WRONG = [
     Wrong(L09, "decide", "one-plus-wanted", decide_one_plus_wanted,
           "1.02x, interval [0.70, 1.49], detectable 55%, wanted 10%", "both fractions"),
     Wrong(L09, "decide", "needs-interval", decide_needs_interval, "one pair of rounds", "fewer than two pairs"),
+    Wrong(L09, "decide", "detectable-first", decide_detectable_first,
+          "0.80x, interval [0.68, 0.94], detectable 30%, wanted 10%", "the interval decides first"),
+    Wrong(L09, "decide", "floor-on-interval", decide_floor_on_interval, "0.97x, interval [0.95, 0.99]",
+          "not to the interval's end"),
+    Wrong(L09, "decide", "one-minus-floor", decide_one_minus_floor,
+          "0.9802x (between 0.98 and 1 / 1.02), interval [0.975, 0.985]", "not 1 - MIN_CHANGE"),
+    Wrong(L09, "decide", "interval-reaches-1", decide_non_strict, "0.95x, interval [0.90, 1.00] (ends at 1), "
+          "detectable 30%, wanted 10%", "an interval that ends at 1 contains 1"),
     Wrong(L09, "find_slowdown", "lowest-gain", find_slowdown_lowest_gain,
           "B noisy in another workload: its gain is the lowest, but within noise", "a low gain whose interval contains 1"),
     Wrong(L09, "find_slowdown", "first-regression", find_slowdown_first_regression,
@@ -2882,8 +3026,22 @@ WRONG = [
     Wrong(L09, "find_drift", "typed-answer", find_drift_typed, "the injected change, seed 5", "return the numerics row whose status is 'drift'"),
     Wrong(L09, "find_drift", "whole-row", find_drift_status_too, "the injected change, seed 0",
           "with its max_rel_diff"),
-    Wrong(L09, "checkpoint_workload", "averaged", checkpoint_averaged, "5 samples asked, 5 timed calls",
+    Wrong(L09, "checkpoint_workload", "averaged", checkpoint_averaged, "5 samples asked: one per timed call",
           "not one averaged number"),
+    Wrong(L09, "checkpoint_workload", "ignores-samples", checkpoint_ignores_samples, "5 samples asked, 5 timed calls",
+          "the number of samples is not what was asked"),
+    Wrong(L09, "checkpoint_workload", "forward-only", checkpoint_forward_only,
+          "each timed call saves and loads (weights_only=True)", "not the forward pass or the save alone"),
+    Wrong(L09, "checkpoint_workload", "save-only", checkpoint_save_only,
+          "each timed call saves and loads (weights_only=True)", "not the forward pass or the save alone"),
+    Wrong(L09, "checkpoint_workload", "unsafe-load", checkpoint_unsafe_load,
+          "each timed call saves and loads (weights_only=True)", "torch.load(..., weights_only=True)"),
+    Wrong(L09, "checkpoint_workload", "no-load-state-dict", checkpoint_no_load_state_dict,
+          "the loaded state goes into the fresh model", "never put into the model"),
+    Wrong(L09, "checkpoint_workload", "unchecked", checkpoint_unchecked,
+          "a round trip that changes the weights is noticed", "must not go unnoticed"),
+    Wrong(L09, "checkpoint_workload", "records-original", checkpoint_records_original,
+          "the recorded output is the reloaded model's", "not the original model's"),
     Wrong(L09, "checkpoint_workload", "better-reversed", checkpoint_better_reversed, "better matches the unit",
           "a time (unit s) is better lower"),
     Wrong(L09, "checkpoint_workload", "torch-randn", checkpoint_torch_randn, "outputs independent of torch's seed",

@@ -3,6 +3,7 @@ injects into run B for the learner to find (a numerics drift, a slowdown), and t
 workload the learner writes; every expected value comes from what was measured."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -104,12 +105,141 @@ def _call_workload(fn, samples: int, torch_seed: int = 0) -> dict:
     return record
 
 
+def _storages(tree) -> set[int]:
+    """The storage addresses of the tensors in a (nested) object."""
+    return {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(tree)
+            if isinstance(t, torch.Tensor)}
+
+
+class _Derived(torch.overrides.TorchFunctionMode):
+    """Adds to `outputs` every tensor computed from one already there (a clone, a cast, a slice), so an
+    output recorded after such a step still counts as the reloaded model's."""
+    def __init__(self, outputs: list):
+        super().__init__()
+        self.outputs = outputs
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.outputs and _storages((args, kwargs)) & _storages(self.outputs):
+            self.outputs.append(out)
+        return out
+
+
+@contextlib.contextmanager
+def _watched(perturb: bool = False):
+    """What a workload does while active: its torch.save and torch.load calls, the loads without
+    weights_only=True, the load_state_dict calls given a loaded state, what the modules given one
+    returned (and every tensor computed from those), and what reference.record received. perturb: every
+    torch.load returns its floating-point tensors plus 0.5, as a broken round trip would. Everything
+    seen is kept alive, so an address is never reused by another tensor."""
+    seen = {"saves": 0, "loads": 0, "unsafe_loads": 0, "into_model": 0, "loaded": [], "models": [],
+            "outputs": [], "recorded": []}
+    save, load, load_state_dict, record = torch.save, torch.load, torch.nn.Module.load_state_dict, reference.record
+
+    def watched_save(*args, **kwargs):
+        seen["saves"] += 1
+        return save(*args, **kwargs)
+
+    def watched_load(*args, **kwargs):
+        seen["loads"] += 1
+        seen["unsafe_loads"] += kwargs.get("weights_only") is not True
+        state = load(*args, **kwargs)
+        if perturb:
+            state = torch.utils._pytree.tree_map(
+                lambda t: t + 0.5 if isinstance(t, torch.Tensor) and t.is_floating_point() else t, state)
+        seen["loaded"].append(state)
+        return state
+
+    def watched_load_state_dict(module, state_dict, *args, **kwargs):
+        if _storages(state_dict) & set().union(*map(_storages, seen["loaded"])):
+            seen["into_model"] += 1
+            seen["models"].append(module)
+        return load_state_dict(module, state_dict, *args, **kwargs)
+
+    def keep_output(module, args, output):
+        if any(module is m for m in seen["models"]):
+            seen["outputs"].append(output)
+
+    def watched_record(outputs, *args, **kwargs):
+        seen["recorded"].append(dict(outputs))
+        return record(outputs, *args, **kwargs)
+    handle = torch.nn.modules.module.register_module_forward_hook(keep_output)
+    torch.save, torch.load, torch.nn.Module.load_state_dict, reference.record = (
+        watched_save, watched_load, watched_load_state_dict, watched_record)
+    try:
+        with _Derived(seen["outputs"]):
+            yield seen
+    finally:
+        torch.save, torch.load, torch.nn.Module.load_state_dict, reference.record = save, load, load_state_dict, record
+        handle.remove()
+
+
+def _round_trip_property(fn, what: str, samples: int) -> str:
+    """The round trip's properties: "trip" (one torch.save and one torch.load(weights_only=True) per timed
+    call), "into model" (every loaded state reaches load_state_dict), "checked" (a load that returns
+    other weights makes the call raise), "recorded" (a recorded output is one a reloaded model returned)."""
+    if what == "trip":
+        counts = []
+        for n in (samples, samples + 3):       # the calls beyond the timed ones (a warm-up, a check) cancel out
+            with _watched() as seen:
+                record = _call_workload(fn, n)
+            seen["timed"] = max((len(f["samples"]) for f in record["figures"].values()
+                                 if isinstance(f, dict) and is_timing(f)), default=0)
+            counts.append(seen)
+        timed, saves, loads = (counts[1][k] - counts[0][k] for k in ("timed", "saves", "loads"))
+        if not timed:                           # the number of samples ignored: each timed call at least
+            timed, saves, loads = (counts[1][k] for k in ("timed", "saves", "loads"))
+            saves, loads = min(saves, timed), min(loads, timed)
+        if (saves, loads) != (timed, timed):
+            return (f"{timed} timed call(s) made {saves} torch.save and {loads} torch.load call(s) of their own (the "
+                    f"check counts calls through torch.save and torch.load)")
+        unsafe = counts[1]["unsafe_loads"]
+        return f"{unsafe} torch.load call(s) without weights_only=True" if unsafe else \
+            "one torch.save and one torch.load(weights_only=True) per timed call"
+    if what == "into model":
+        with _watched() as seen:
+            _call_workload(fn, samples)
+        return f"{seen['into_model']} of {seen['loads']} loaded states put into a model with load_state_dict" \
+            if seen["into_model"] < seen["loads"] or not seen["loads"] else "every loaded state put into a model"
+    if what == "checked":
+        try:
+            with _watched():
+                _call_workload(fn, samples)
+        except NotImplementedError:
+            raise
+        except Exception as exc:     # noqa: BLE001 (it must run before its raising can mean anything)
+            return f"the workload raised {type(exc).__name__} with nothing changed"
+        with _watched(perturb=True):
+            try:
+                _call_workload(fn, samples)
+            except NotImplementedError:
+                raise                   # a stub noticed nothing
+            except Exception:       # noqa: BLE001 (any error: the workload noticed)
+                return "a reloaded model that computes something else stops the workload"
+        return "a reloaded model with other weights went unnoticed"
+    if what == "recorded":
+        with _watched() as seen:
+            _call_workload(fn, samples)
+        if not seen["recorded"]:
+            return "reference.record was not called (call it through the module: reference.record({...}))"
+        from_reloaded = _storages(seen["outputs"])
+        names = [name for outputs in seen["recorded"] for name, t in outputs.items()
+                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in from_reloaded]
+        return "a reloaded model's output recorded" if names else \
+            "no output recorded with reference.record came from a model given the reloaded state"
+    raise ValueError(f"unknown property {what!r}")
+
+
+ROUND_TRIP = ("trip", "into model", "checked", "recorded")
+
+
 def workload_property(fn, what: str, samples: int) -> str:
     """One property of a workload function fn(quick, device, compile=..., samples=...), in words:
-    "record" (the keys the pipeline reads, a timed figure, a reference output), "samples" (one sample per
-    timed call), "better" (a time is better lower, a rate higher), "references" (the outputs do not
-    depend on torch's global random state), "aa" (run by the pipeline in two interleaved rounds a side,
-    A against A finds no numerics or warning difference)."""
+    "record" (the keys the pipeline reads, a timed figure, a reference output), the round trip's
+    properties (ROUND_TRIP, in `_round_trip_property`), "averaged" (not one number for all calls),
+    "samples" (one sample per timed call, as many as asked), "better" (a time is better lower, a rate
+    higher), "references" (the outputs do not depend on torch's global random state), "aa" (run by the
+    pipeline in two interleaved rounds a side, A against A finds no numerics or warning difference)."""
     if what == "record":
         record = _call_workload(fn, samples)
         timed = [n for n, f in record["figures"].items() if isinstance(f, dict) and is_timing(f)]
@@ -117,6 +247,13 @@ def workload_property(fn, what: str, samples: int) -> str:
             return "no timed figure (a unit of s or .../s, one sample per call)"
         return "a record with a timed figure and a reference output" if record["references"] else \
             "a timed figure but no reference output"
+    if what in ROUND_TRIP:
+        return _round_trip_property(fn, what, samples)
+    if what == "averaged":
+        record = _call_workload(fn, samples)
+        wrong = [f"{n!r} has one sample for {samples} timed calls" for n, f in record["figures"].items()
+                 if is_timing(f) and len(f["samples"]) == 1 and samples > 1]
+        return "; ".join(wrong) or "not one number for all calls"
     if what == "samples":
         record = _call_workload(fn, samples)
         wrong = [f"{n!r} has {len(f['samples'])} sample(s) for {samples} timed calls"
@@ -145,7 +282,8 @@ def workload_property(fn, what: str, samples: int) -> str:
         findings = [f"{n['output']}: {n['status']}" for n in report["numerics"] if n["status"] != "identical"]
         findings += [f"{w['category']}: {w['message']}" for w in report["warnings"] if w["finding"]]
         return "; ".join(findings) or "A/A: every output identical, no new warning"
-    raise ValueError(f"unknown property {what!r} (record, samples, better, references, aa)")
+    raise ValueError(f"unknown property {what!r} (record, {', '.join(ROUND_TRIP)}, averaged, samples, better, "
+                     f"references, aa)")
 
 
 def inject_drift(path_b: str | Path, out: str | Path, seed: int = 0) -> Path:

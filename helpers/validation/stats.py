@@ -151,8 +151,8 @@ def compare_figure(samples_a, samples_b, better: str, stat: str = "median", grou
         ra, rb = [sum(ra, [])], [sum(rb, [])]           # rounds that cannot be paired: one per side
     interval = paired_interval([statistic(r, stat) for r in ra], [statistic(r, stat) for r in rb], better)
     status = verdict(interval, min_change)
-    why = ("one round per side: the noise between runs is unknown; compare runs made by `validate matrix` "
-           "(interleaved rounds)" if status == "cannot tell" else "")
+    why = ("one round per side: the noise between runs is unknown; compare interleaved rounds (`validate matrix`, "
+           "or rounds made alternately: A1.json,A2.json B1.json,B2.json)" if status == "cannot tell" else "")
     return interval | {"stat": stat, "status": status, "why": why}
 
 

@@ -231,11 +231,12 @@ check("04_custom_op_lab", swiglu_mlp)
 # `mutates_args`; here the decision is yours: read the kernel below line by line, decide which arguments
 # it writes, and what the op returns.
 #
-# What is checked: that the schema returns what an op that writes its arguments may return,
-# `torch.library.opcheck` on an op defined with your schema and this kernel (float32 inputs; its
-# `test_schema` compares every argument before and after a call), and that the schema declares exactly the
-# arguments the kernel writes (one it only reads, declared as written, costs a copy under `torch.compile`).
-# Hidden cases run `opcheck` on bfloat16 and float64 inputs of other shapes.
+# What is checked: the argument list (the kernel's names, in its order), what the op returns,
+# `torch.library.opcheck` on an op defined with your argument list and this kernel (float32 inputs; its
+# `test_schema` compares every argument before and after a call), that the schema declares exactly the
+# arguments the kernel writes (one it only reads, declared as written, costs a copy under `torch.compile`),
+# and that no two arguments share an alias letter. Hidden cases run `opcheck` on bfloat16 and float64
+# inputs of other shapes.
 
 # %%
 import inspect

@@ -229,8 +229,9 @@ assert zero_rows > 0, "no row rounded to all-zero codes: the per-tensor re-quant
 #
 # The model above has no labels. This one has: the MLP of lesson 05's section 5 (64 → 128 → 128 → 10),
 # trained on scikit-learn's digits, with their 450 test images (`helpers.lab_checks.digits_model()`). As
-# in many trained networks, its channels differ in scale: fc1's output channels are spread over 100x
-# (and fc2's inputs, which are fc1's outputs, scaled back by the inverse, so the function is the same).
+# in many trained networks, its channels differ in scale: after training, `digits_model` multiplies fc1's
+# output channels by factors from 0.1 to 10 (and fc2's inputs, which are fc1's outputs, by their inverses,
+# so the function is the same).
 #
 # For each of `fc1`, `fc2` and `fc3`, choose a granularity, one scale per tensor (`"tensor"`), per row
 # (`"channel"`) or per group of 16 consecutive inputs of a row (`"group"`), and a bit width (8, 4 or 2),
@@ -246,9 +247,9 @@ assert zero_rows > 0, "no row rounded to all-zero codes: the per-tensor re-quant
 # from `choose_plan()`, as `{"fc1": (granularity, bits), "fc2": ..., "fc3": ...}`.
 #
 # What is checked: the plan's form, its bytes and its test accuracy, recomputed by the check with its own
-# quantizer. Hidden cases apply the same plan to the same network trained with two other seeds, under the
-# same budgets: a plan that passes on one model's luck can miss there. Without scikit-learn the exercise
-# is skipped.
+# quantizer, on this network and on the same network trained with seed 4; hidden cases apply the plan to
+# seeds 1 to 3, under the same budgets: a plan that passes on one model's luck can miss there. Without
+# scikit-learn the exercise is skipped.
 
 # %%
 from helpers.device import requires

@@ -210,7 +210,9 @@ print(f"the report: UNet step time, B over A {row['gain']:.3f}x [{row['low']:.3f
 # - `"cannot tell"`: neither, and it could not (`detectable > wanted`); also when the row has no
 #   interval (`low` is None: fewer than two pairs, or a figure not reported).
 #
-# `stats.verdict` is off limits.
+# The interval decides first: a regression is a regression whatever its detectable change. "Below 1" is
+# strict (an interval that ends at 1 contains it), and the floor applies to the gain, not to the
+# interval's end. `stats.verdict` is off limits.
 
 # %%
 def decide(row, wanted):
@@ -334,9 +336,10 @@ for n in report_d["numerics"]:
 #   weights from `models.seed_parameters_(model, seed=...)` and an input from `models.randn(...)`:
 #   numpy's generator, the same on every torch, never torch's global random state;
 # - one **round trip**: `torch.save` of its `state_dict` into an `io.BytesIO`, then
-#   `torch.load(..., weights_only=True)` into a fresh model; check that the reloaded model computes
-#   what the original does;
-# - `samples` round trips timed one call at a time (default 20): `workloads.sample_calls` does that;
+#   `torch.load(..., weights_only=True)` into a fresh model (`load_state_dict`); check that the
+#   reloaded model computes what the original does, and raise an error if it does not;
+# - `samples` round trips timed one call at a time (default 20), each call a whole round trip:
+#   `workloads.sample_calls` does that;
 #   `workloads.figure(seconds)` makes a time figure, `workloads.figure(seconds, unit="trips/s",
 #   better="higher")` a rate;
 # - the reloaded model's output recorded with `reference.record({"name": tensor})`, which returns
