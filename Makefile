@@ -17,11 +17,13 @@ MATRIX_ENVS ?= cpu cuda latest minimal
 setup: $(VENV)/.installed-$(ENV)
 
 # torch first and pinned (with the file's index options), so pip never resolves a multi-GB CUDA build.
+# A multi-GB wheel whose download breaks off resumes where it stopped (pip >= 25.1, installed just before).
+PIP_RESUME := --retries 10 --resume-retries 20
 $(VENV)/.installed-$(ENV): pyproject.toml $(REQS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $$(grep -E '^(--(extra-)?index-url|torch==)' $(REQS))
-	$(BIN)/python -m pip install -q $(if $(filter free-threaded,$(ENV)),--prefer-binary -r $(REQS) -e .,-r $(REQS) -e ".[lab,test]")
+	$(BIN)/python -m pip install -q --retries 10 --upgrade pip
+	$(BIN)/python -m pip install -q $(PIP_RESUME) $$(grep -E '^(--(extra-)?index-url|torch==)' $(REQS))
+	$(BIN)/python -m pip install -q $(PIP_RESUME) $(if $(filter free-threaded,$(ENV)),--prefer-binary -r $(REQS) -e .,-r $(REQS) -e ".[lab,test]")
 	touch $@
 
 run: setup
