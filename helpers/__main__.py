@@ -94,14 +94,18 @@ def cmd_report(args) -> int:
 
 
 def cmd_grade(args) -> int:
-    from helpers.runner.grade import grade_submissions
+    from helpers.grading.grade import grade_submissions
     try:
         result = grade_submissions(args.lab, args.submissions, out_dir=args.out, workers=args.workers,
                                    time_limit=args.time_limit, memory_limit_mb=args.memory_limit,
-                                   seed=args.seed, progress=args.progress)
+                                   cpu_factor=args.cpu_factor, seed=args.seed, progress=args.progress)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    limits, ref = result["limits"], result["reference"]
+    print(f"{result['isolation']}; the solution took {ref['cpu_seconds']:.1f} s of CPU "
+          f"({ref['wall_seconds']:.1f} s wall): a submission may use {limits['budget_cpu_seconds']:.0f} s of CPU "
+          f"and {limits['wall_seconds']:.0f} s of wall time")
     for row in result["students"]:
         print(f"{row['student']:<24} {row['total']:>6.2f} / {row['max']:g}  {row['status']}"
               + (f"  flags: {'; '.join(row['flags'])}" if row["flags"] else ""))
@@ -181,7 +185,7 @@ def _write_verified(args) -> int:
 def cmd_labs(args) -> int:
     from helpers import notebooks
     if args.action == "export-nbgrader":
-        from helpers.runner.nbgrader_export import export_course
+        from helpers.grading.nbgrader_export import export_course
         if not args.paths:
             raise SystemExit("usage: python -m helpers labs export-nbgrader DIR [LAB_ID ...]")
         dest = export_course(Path(args.paths[0]), args.paths[1:] or None)
@@ -268,11 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders written by `run --out`")
     report.add_argument("--out", default="runs/matrix", help="output folder (default runs/matrix)")
     grade = sub.add_parser("grade", help="grade a folder of lab submissions; writes scores.csv and feedback")
-    grade.add_argument("lab", help="lab id or path, e.g. 00_warmup_lab (see helpers/runner/grading_specs.py)")
+    grade.add_argument("lab", help="lab id or path, e.g. 00_warmup_lab (see helpers/grading/specs.py)")
     grade.add_argument("submissions", help="folder of submissions: NAME.ipynb, or NAME/<any>.ipynb")
     grade.add_argument("--out", help="output folder (default: SUBMISSIONS/graded)")
     grade.add_argument("--workers", type=int, default=None, help="submissions at a time")
-    grade.add_argument("--time-limit", type=float, default=120, help="seconds per submission (default 120)")
+    grade.add_argument("--cpu-factor", type=float, default=10,
+                       help="a call, a cell and a submission may use this many times the CPU time the lab's "
+                            "solution takes in the same run (default 10; floors of 2 s, 10 s and +60 s)")
+    grade.add_argument("--time-limit", type=float, default=None,
+                       help="wall seconds per submission, for code that waits without computing (default: 10x the "
+                            "solution's, at least 120)")
     grade.add_argument("--memory-limit", type=float, default=2048, metavar="MB",
                        help="memory per submission (default 2048)")
     grade.add_argument("--seed", type=int, default=None,

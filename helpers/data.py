@@ -391,9 +391,9 @@ def tree_pss_mb(pid: int | None = None) -> float:
     where the OS reports no PSS it falls back to RSS (see memory_measure)."""
     import psutil
 
-    from helpers.runner.job import _memory_mb, _tree
+    from helpers.processes import memory_mb, process_tree
     root = psutil.Process(pid)
-    return _memory_mb([root, *_tree(root)])
+    return memory_mb([root, *process_tree(root)])
 
 
 def _peak_while(load: Callable[[], object], interval_s: float) -> float:

@@ -547,3 +547,35 @@ def benchmark(quick: bool = False, device: torch.device | str | None = None, thr
     finally:
         torch.set_num_threads(old_threads)
     return {"sgd_step": result, "tiny_ops_sweep": sweep}
+
+
+# --- Lab 02: the four functions whose kernel counts the learner predicts ---------------------------
+
+def kernel_count_cases() -> dict:
+    """Lab 02's four functions for predicting kernel counts, name -> (function, args), as the lab shows them."""
+    x, w = torch.randn(64, 128), torch.randn(128, 32)
+    return {"chain": (_chain, (x,)), "independent": (_independent, (x, torch.randn(1000))),
+            "center": (_center, (x,)), "matmul_between": (_matmul_between, (x, w))}
+
+
+def _chain(x):
+    return ((x * 2 + 1).sin() * 3).relu()
+
+
+def _independent(a, b):
+    return a.sin(), b.cos()
+
+
+def _center(x):
+    return x - x.mean(dim=-1, keepdim=True)
+
+
+def _matmul_between(x, w):
+    return torch.relu((x * 2) @ w) + 1
+
+
+def kernel_counts() -> dict[str, int]:
+    """Lab 02's reference for predicted kernel counts: the cpp_fused_* functions the compiled wrapper of
+    each function of kernel_count_cases() calls."""
+    return {name: len(inspect_compiled(fn, *args).kernel_functions)
+            for name, (fn, args) in kernel_count_cases().items()}

@@ -156,7 +156,7 @@ def test_warmup_lab_solution_passes_its_checks_in_the_browser(server, browser):
         outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
     import torch
 
-    from helpers.runner.grading_specs import spec_for
+    from helpers.grading.specs import spec_for
     visible = sum(not case.hidden for exercise in spec_for("00_warmup_lab").exercises
                   for case in exercise.cases(torch.Generator().manual_seed(0)))
     assert outputs.count(": passed") == visible and "❌" not in outputs     # one line per visible case

@@ -12,8 +12,8 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell
 
-from helpers.runner.grade import grade_submissions, judge_case
-from helpers.runner.grading_specs import Case, spec_for
+from helpers.grading.grade import grade_submissions, judge_case
+from helpers.grading.specs import Case, spec_for
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTION = nbformat.read(str(REPO / "labs" / "solutions" / "00_warmup_lab.ipynb"), as_version=4)
@@ -93,8 +93,7 @@ def graded(tmp_path_factory):
     (subs / "malformed").mkdir()
     (subs / "malformed" / "lab.ipynb").write_text("{ not a notebook")
     out = tmp_path_factory.mktemp("graded")
-    result = grade_submissions("00_warmup_lab", subs, out_dir=out, workers=2, time_limit=60, cell_timeout=10,
-                               call_timeout=2, seed=1234)
+    result = grade_submissions("00_warmup_lab", subs, out_dir=out, workers=2, time_limit=60, seed=1234)
     return result, out
 
 
@@ -116,7 +115,7 @@ def test_csv_and_feedback_files(graded):
     partial = (out / "feedback" / "partial.md").read_text()
     assert "Score: 1 / 2" in partial and "✅ Exercise 1: softmax: huge values (1e4) do not overflow (hidden check)" \
         in partial
-    assert "raised NotImplementedError: Exercise 2: your code here" in partial
+    assert "raised NotImplementedError: `Exercise 2: your code here`" in partial
     hanging = (out / "feedback" / "hanging.md").read_text()
     assert "ran past the time limit" in hanging and "look for a loop that never ends" in hanging
     stubborn = (out / "feedback" / "stubborn_hang.md").read_text()
@@ -128,10 +127,13 @@ def test_csv_and_feedback_files(graded):
 def test_adversarial_attempts_are_refused_and_flagged(graded):
     result, out = graded
     row = next(r for r in result["students"] if r["student"] == "adversarial")
-    assert any("blocked open of" in f and "00_warmup_lab.ipynb" in f for f in row["flags"])
-    assert "blocked subprocess.Popen" in row["flags"]
     text = (out / "feedback" / "adversarial.md").read_text()
-    assert "PermissionError: grading: a submission may not access" in text
+    if row["isolation"] == "isolated":   # the solutions are not there, and no process may be started unseen
+        assert "FileNotFoundError" in text or "PermissionError" in text, text
+    else:
+        assert any("blocked open of" in f and "00_warmup_lab.ipynb" in f for f in row["flags"])
+        assert "PermissionError: grading: a submission may not access" in text
+    assert "blocked subprocess.Popen" in row["flags"]
     assert "values differ" in text            # the Liar subclass came back as a plain tensor of zeros
     assert "✅" not in text                   # the fake "passed" lines it printed count for nothing
 
@@ -159,15 +161,22 @@ def test_unknown_lab_and_missing_folder_fail_clearly(tmp_path):
     assert done.returncode == 2 and "is not a folder of submissions" in done.stderr
 
 
-def test_results_the_submission_could_tamper_with_are_read_as_data_only(tmp_path):
-    from helpers.runner.grade import _load_results
-    evil = tmp_path / "results.pt"
+def test_results_the_submission_could_tamper_with_are_read_as_data_only():
+    """Frames on the results pipe are weights-only torch values: a pickle that runs code, or bytes that are
+    no torch file, are read as 'unreadable', never executed."""
+    import io
     import pickle
+
+    from helpers.grading.grade import _frames
+    from helpers.grading.sandbox import FRAME_HEADER
 
     class RunsCode:
         def __reduce__(self):
             return (print, ("this must never run in the grader",))
-    evil.write_bytes(pickle.dumps({"softmax": RunsCode()}, protocol=2))
-    assert _load_results(evil) == {"_flags": ["the results file was unreadable"]}
-    torch.save([1, 2], evil)
-    assert _load_results(evil) == {"_flags": ["the results file was not a mapping"]}
+    good = io.BytesIO()
+    torch.save({"at": "cell 3"}, good)
+    evil, junk = pickle.dumps({"softmax": RunsCode()}, protocol=2), b"not a torch file"
+    buffer = bytearray(b"".join(FRAME_HEADER.pack(len(d)) + d for d in (evil, good.getvalue(), junk)))
+    buffer += FRAME_HEADER.pack(100) + b"partial"
+    assert _frames(buffer) == [{"unreadable": True}, {"at": "cell 3"}, {"unreadable": True}]
+    assert bytes(buffer) == FRAME_HEADER.pack(100) + b"partial"   # an incomplete frame waits for its rest

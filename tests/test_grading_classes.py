@@ -14,8 +14,8 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from helpers.notebooks import BEGIN, END
-from helpers.runner.grade import grade_submissions
-from helpers.runner.grading_specs import SPECS, spec_for
+from helpers.grading.grade import grade_submissions
+from helpers.grading.specs import SPECS, spec_for
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = sorted(SPECS)
@@ -26,8 +26,8 @@ CRASH = "import os\nos._exit(1)"
 READS_SOLUTION = """import json, pathlib, helpers
 solutions = pathlib.Path(helpers.__file__).parent.parent / "labs" / "solutions"
 return json.loads(next(solutions.glob("{lab}*.ipynb")).read_text())"""
-CHEATS = """import torch, helpers.checks, helpers.lab_checks
-helpers.lab_checks.check = lambda *a, **k: print("✅ Exercise: passed")
+CHEATS = """import torch, helpers.checks, helpers.grading.checks
+helpers.grading.checks.check = lambda *a, **k: print("✅ Exercise: passed")
 helpers.checks.check_close = helpers.checks.check_equal = lambda *a, **k: print("✅ Exercise: passed")
 torch.allclose = lambda *a, **k: True
 print("✅ every exercise: passed")"""
@@ -69,7 +69,7 @@ def build_lab_04_kernel() -> None:
     process of its own, so that the class's calls find it in the extension cache under a short limit."""
     solution = nbformat.read(str(REPO / "labs" / "solutions" / "04_custom_op_lab.ipynb"), as_version=4)
     body = solution.cells[solution_cell(solution, "silu_mul_body")].source
-    code = (f"import torch\nfrom helpers import lab_checks\n{body}\n"
+    code = (f"import torch\nfrom helpers.grading import checks as lab_checks\n{body}\n"
             "lab_checks.silu_mul_kernel(silu_mul_body, torch.rand(4), torch.rand(4))")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=600)
 
@@ -84,9 +84,8 @@ def graded(request, tmp_path_factory):
         if not (capabilities().toolchains["cxx"] and capabilities().toolchains["ninja"]):
             pytest.skip("lab 04's class needs a C++ compiler and ninja to build the learner's kernel")
         build_lab_04_kernel()
-    # short limits keep the hang cheap (it runs until each limit in every cell and call that reaches it)
-    result = grade_submissions(lab, folder, out_dir=folder / "graded", workers=2, time_limit=300, cell_timeout=15,
-                               call_timeout=10, seed=20261202)
+    # the hang stops at the per-call CPU limit: 10x the solution's slowest case there, at least 2 s
+    result = grade_submissions(lab, folder, out_dir=folder / "graded", workers=2, time_limit=300, seed=20261202)
     rows = {r["student"]: r for r in result["students"]}
     return lab, rows, list(csv.DictReader(open(folder / "graded" / "scores.csv")))
 
@@ -108,6 +107,7 @@ def test_a_class_gets_the_scores_its_work_deserves(graded):
         assert rows[student]["scores"] == scores, (student, rows[student]["lines"])
     assert rows["crash"]["status"].startswith("crashed")
     assert rows["hang"]["status"] in ("ok", "timeout")
-    assert any("labs/solutions" in f for f in rows["adversarial"]["flags"]), rows["adversarial"]["flags"]
+    if rows["adversarial"]["isolation"] != "isolated":   # the guard refuses the path; isolated, it is not there
+        assert any("labs/solutions" in f for f in rows["adversarial"]["flags"]), rows["adversarial"]["flags"]
     assert not rows["solution"]["flags"], rows["solution"]["flags"]
     assert all(float(r["seconds"]) > 0 for r in table)

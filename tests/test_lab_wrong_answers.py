@@ -3,7 +3,7 @@ answers (the mistakes learners make) fail at least one case, visible or hidden, 
 carries the hint meant for that mistake; the spec's reference and the solution notebook's function
 pass every case, so a failure here is the wrong answer's, not the spec's.
 
-Cases run as helpers.lab_checks.check runs them (call_case, then judge_case), hidden ones included.
+Cases run as helpers.grading.checks.check runs them (call_case, then judge_case), hidden ones included.
 Lab 04's C++ kernel bodies and lab 02's Triton solution run in a child process (a build, and Triton's
 interpreter, change process-wide state); the wrong combo kernels are Python stand-ins for the Triton
 kernel's dispatch. A wrong answer the spec accepts is xfail(strict=True, reason="spec accepts: ...");
@@ -32,10 +32,10 @@ from torch import nn
 from helpers import attention, moe
 from helpers.checks import CheckFailed
 from helpers.data import item_generator
-from helpers.lab_checks import call_case, check, expected_result
-from helpers.runner import grading_specs as gs
-from helpers.runner.grade import judge_case
-from helpers.runner.grading_specs import SPECS
+from helpers.grading.checks import call_case, check, expected_result
+from helpers.grading import specs as gs
+from helpers.grading.judge import judge_case
+from helpers.grading.specs import SPECS
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = 0
@@ -76,9 +76,9 @@ def run_cases(lab: str, fn, function: str, reference: bool = False) -> list[tupl
 CHILD = r"""
 import json, runpy, sys
 import torch
-from helpers.lab_checks import call_case, expected_result
-from helpers.runner.grade import judge_case
-from helpers.runner.grading_specs import SPECS
+from helpers.grading.checks import call_case, expected_result
+from helpers.grading.judge import judge_case
+from helpers.grading.specs import SPECS
 job = json.loads(sys.stdin.read())
 exercise = next(e for e in SPECS[job["lab"]].exercises if e.function == job["function"])
 cases = exercise.cases(torch.Generator().manual_seed(job["seed"]))
@@ -635,7 +635,7 @@ def predicted_matmul_fuses():
 def predicted_by_measuring():
     # the forbidden one-liner: measures instead of predicting
     from helpers import fusion
-    from helpers.lab_checks import kernel_count_cases
+    from helpers.fusion import kernel_count_cases
     return {name: len(fusion.inspect_compiled(fn, *args).kernel_functions)
             for name, (fn, args) in kernel_count_cases().items()}
 

@@ -12,8 +12,8 @@ import nbformat
 import pytest
 
 from helpers.notebooks import BEGIN
-from helpers.runner.grading_specs import SPECS
-from helpers.runner.nbgrader_export import SOLUTIONS, export_course
+from helpers.grading.specs import SPECS
+from helpers.grading.nbgrader_export import SOLUTIONS, export_course
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = sorted(p.stem for p in SOLUTIONS.glob("*_lab.ipynb"))

@@ -1,7 +1,7 @@
-"""Batch execution of notebooks (papermill), with the section record and the silent-skip guard, and
-grading of lab submissions.
+"""Batch execution of notebooks (papermill), with the section record and the silent-skip guard.
 
-The runner executes notebooks and reads what they record; it imports no lesson code. Names are
+The runner executes notebooks and reads what they record; it imports no lesson code and no grading code
+(helpers.grading). Names are
 imported on first use, so the per-notebook driver process (helpers.runner.drive) starts without torch.
 """
 __all__ = ["run_collection", "run_notebook", "section_problems"]

@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from helpers.interactive import HEADLESS_ENV
+from helpers.processes import kill, memory_mb, process_tree
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SECTION_LOG_ENV = "LABS_SECTION_LOG"    # the same name as helpers.device.SECTION_LOG_ENV (no torch here)
@@ -51,45 +52,12 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _tree(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return proc.children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _memory_mb(procs: list[psutil.Process]) -> float:
-    """Memory of a process tree: the sum of proportional set sizes (shared pages, such as torch's
-    libraries mapped by every process, counted once across the tree), or of RSS where PSS is unknown."""
-    total = 0
-    for p in procs:
-        try:
-            info = p.memory_full_info()
-            total += getattr(info, "pss", info.rss)
-        except psutil.AccessDenied:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                pass
-        except psutil.Error:
-            pass
-    return total / 2**20
-
-
-def _kill(procs: list[psutil.Process]) -> None:
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-
-
 def stop_all() -> None:
     """Kill every notebook this process is running (their drivers and kernels): on Ctrl-C."""
     for pid in list(_LIVE):
         try:
             proc = psutil.Process(pid)
-            _kill(_tree(proc) + [proc])
+            kill(process_tree(proc) + [proc])
         except psutil.Error:
             pass
 
@@ -202,20 +170,20 @@ def execute_job(job: dict) -> dict:
             stopped, peak, proc, seen = None, 0.0, psutil.Process(driver.pid), {}
             deadline = started + job["notebook_timeout"]
             while driver.poll() is None:
-                for p in _tree(proc):
+                for p in process_tree(proc):
                     seen[p.pid] = p
-                peak = max(peak, _memory_mb(list(seen.values())))
+                peak = max(peak, memory_mb(list(seen.values())))
                 limit = job.get("memory_limit_mb")
                 if limit and peak > limit:
                     stopped = "memory"
                 elif time.time() > deadline:
                     stopped = "time"
                 if stopped:
-                    _kill(list(seen.values()) + [proc])
+                    kill(list(seen.values()) + [proc])
                     driver.wait()
                     break
                 time.sleep(POLL_SECONDS)
-            _kill(list(seen.values()))   # a kernel left behind by a killed driver
+            kill(list(seen.values()))   # a kernel left behind by a killed driver
             _LIVE.discard(driver.pid)
             result = {}
             if (workdir / "result.json").exists():

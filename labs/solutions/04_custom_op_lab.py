@@ -27,7 +27,7 @@ import torch
 from helpers import bench
 from helpers.device import pick_device, quick_mode, requires
 from helpers.ext import lab
-from helpers.lab_checks import check
+from helpers.grading.checks import check
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -241,7 +241,7 @@ check("04_custom_op_lab", swiglu_mlp)
 # %%
 import inspect
 
-from helpers.lab_checks import silu_mul_record_kernel
+from helpers.grading.checks import silu_mul_record_kernel
 
 print(inspect.getsource(silu_mul_record_kernel))
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from helpers import memory
 from helpers.device import pick_device, quick_mode
-from helpers.lab_checks import check
+from helpers.grading.checks import check
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -113,7 +113,7 @@ check("07_memory_lab", keep_policy)
 # checkpointing, full checkpointing, `save_matmuls`'s rule and yours):
 
 # %%
-from helpers.lab_checks import kept_bytes_and_backward_flops
+from helpers.grading.checks import kept_bytes_and_backward_flops
 
 policies = {"no checkpointing": None, "full (recompute all)": lambda ctx, op, *a, **k: CheckpointPolicy.PREFER_RECOMPUTE,
             "save_matmuls": memory.save_matmuls, "keep_policy": keep_policy}

@@ -24,7 +24,7 @@ from torch import nn
 
 from helpers import debugging
 from helpers.device import pick_device, quick_mode
-from helpers.lab_checks import check
+from helpers.grading.checks import check
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -120,7 +120,7 @@ check("08_debugging_lab", prepare)
 # %%
 import logging
 
-from helpers.lab_checks import recompiles
+from helpers.grading.checks import recompiles
 
 def bounded(batch):
     torch._dynamo.mark_dynamic(batch, 0, min=1, max=512)
@@ -140,7 +140,7 @@ for name, mark in (("mark_dynamic(min=1, max=512)", bounded), ("maybe_mark_dynam
 # %% [markdown]
 # ## Exercise 4: leave TorchScript, and find what `jit.trace` baked in
 #
-# `TokenHead` (in `helpers.lab_checks`, printed below) reads a `(batch, tokens, features)` batch and,
+# `TokenHead` (in `helpers.grading.checks`, printed below) reads a `(batch, tokens, features)` batch and,
 # for each example, standardises every feature over the tokens, projects it and keeps each output's
 # maximum over the tokens. It was shipped with `torch.jit.trace` at a batch of 8. The next cell calls
 # the traced module on a batch of 12.
@@ -149,7 +149,7 @@ for name, mark in (("mark_dynamic(min=1, max=512)", bounded), ("maybe_mark_dynam
 import inspect
 import warnings
 
-from helpers.lab_checks import TokenHead, token_head
+from helpers.grading.checks import TokenHead, token_head
 
 print(inspect.getsource(TokenHead.forward))
 head = token_head()

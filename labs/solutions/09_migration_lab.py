@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from helpers.device import quick_mode
-from helpers.lab_checks import check
+from helpers.grading.checks import check
 from helpers.validation import NotComparable, chart, compare_runs, load_run, table, write_report
 from helpers.validation import labcheck, stats
 from helpers.validation.matrix import run_matrix

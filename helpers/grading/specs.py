@@ -27,7 +27,7 @@ class Case:
     atol: float = 1e-5
     rtol: float = 1e-4
     hint: str = ""
-    call: str | None = None            # a harness of helpers.lab_checks that calls the function (builds a
+    call: str | None = None            # a harness of helpers.grading.checks that calls the function (builds a
                                        # generator, a model, a path); None: function(*args, **kwargs)
     expected: object = None            # with expect_value: this value, not the reference's result
     expect_value: bool = False
@@ -327,9 +327,7 @@ def _combo_plan_cases(gen):
     ]
 
 
-# Exercise 3's reference compiles functions: torch.compile reads the source of every frame on the stack, and
-# the sandbox refuses this file, so the reference and what it compiles are helpers.lab_checks code.
-from helpers.lab_checks import kernel_counts as _kernel_counts   # noqa: E402
+from helpers.fusion import kernel_counts as _kernel_counts   # noqa: E402
 
 
 # --- Lab 03: MoE ---------------------------------------------------------------------------------
@@ -1554,5 +1552,5 @@ def spec_for(lab: str) -> LabSpec:
     name = Path(lab).stem if lab.endswith(".ipynb") else lab
     if name not in SPECS:
         raise ValueError(f"no grading spec for lab {lab!r}; gradable labs: {', '.join(sorted(SPECS))} "
-                         f"(add one to helpers/runner/grading_specs.py)")
+                         f"(add one to helpers/grading/specs.py)")
     return SPECS[name]

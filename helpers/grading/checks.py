@@ -1,9 +1,9 @@
 """Lab checks shared by the notebooks and the grader: one source of truth for every exercise's cases.
 
-    from helpers.lab_checks import check
+    from helpers.grading.checks import check
     check("03_moe_lab", permute_tokens)     # the spec's visible cases, with their hints
 
-`check` runs the visible cases of the exercise's spec (helpers/runner/grading_specs.py) on the learner's
+`check` runs the visible cases of the exercise's spec (helpers/grading/specs.py) on the learner's
 function exactly as the grader does (same call, same recording of forbidden functions, same judge), so a
 check cell and `python -m helpers grade` cannot disagree. The grader adds hidden cases on a secret seed.
 
@@ -16,6 +16,8 @@ whatever name reaches them.
 """
 from __future__ import annotations
 
+import _thread
+import contextlib
 import importlib
 import inspect
 import os
@@ -23,39 +25,57 @@ import sys
 import tempfile
 import threading
 import warnings
+from concurrent.futures import thread as futures_thread
 from typing import Callable
 
 import torch
 from torch import nn
 
 from helpers.checks import CheckFailed
+from helpers.grading.judge import RECORDER_OFF, judge_case
 from helpers.device import capabilities
 
 
 # --- Calling an exercise function and recording what it calls --------------------------------------
 
-def _code_keys(target) -> list[tuple[str, int]]:
-    """(file, first line) of a function's code, or of every function defined in a class."""
+def _code_keys(target) -> list:
+    """The keys of a function's code, or of every function defined in a class: (file, first line), and the
+    code's body (bytecode, names, constants), which a copy compiled from the same source under another file
+    name shares."""
     target = inspect.unwrap(target)
     if inspect.isclass(target):
         return [k for v in vars(target).values() if inspect.isfunction(v) for k in _code_keys(v)]
     code = getattr(target, "__code__", None)
-    return [(code.co_filename, code.co_firstlineno)] if code is not None else []
+    return [(code.co_filename, code.co_firstlineno), _body(code)] if code is not None else []
 
 
-def forbidden_code(forbidden) -> dict[tuple[str, int], str]:
-    """The dotted names among `forbidden` (helpers.moe.permute), resolved to their code keys."""
+def _body(code) -> tuple:
+    return code.co_code, code.co_names, tuple(c for c in code.co_consts if not inspect.iscode(c))
+
+
+# Python functions that compute a torch op of the same name without dispatching it (decompositions), and
+# other libraries' one-liners: forbidding the op forbids these too.
+ALIAS_MODULES = ("torch._refs", "torch._refs.nn.functional", "torch._refs.special", "torch._decomp.decompositions",
+                 "scipy.special")
+
+
+def forbidden_code(forbidden) -> dict:
+    """The Python functions among `forbidden`, by their code keys: dotted names (helpers.moe.permute), and for
+    each op name (softmax) its decompositions and other libraries' functions of that name (ALIAS_MODULES)."""
     keys = {}
     for name in forbidden:
-        if "." not in name:
-            continue
-        module, _, attr = name.rpartition(".")
-        try:
-            target = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError):   # optional packages: nothing to forbid where absent
-            continue
-        for key in _code_keys(target):
-            keys[key] = name
+        if "." in name:
+            module, _, attr = name.rpartition(".")
+            candidates = [(module, attr)]
+        else:
+            candidates = [(module, name) for module in ALIAS_MODULES]
+        for module, attr in candidates:
+            try:
+                target = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError):   # optional packages: nothing to forbid where absent
+                continue
+            for key in _code_keys(target):
+                keys[key] = name
     return keys
 
 
@@ -69,13 +89,21 @@ class _TorchNames(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+BATCHED_MATMULS = ("bmm", "baddbmm")
+
+
 class _AtenNames(torch.utils._python_dispatch.TorchDispatchMode):
     def __init__(self, names: set):
         super().__init__()
         self.names = names
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.add(func.overloadpacket.__name__)
+        name = func.overloadpacket.__name__
+        # a batch of one is a plain matmul: what einsum and matmul run on two-dimensional operands
+        operand = args[1] if name == "baddbmm" and len(args) > 1 else args[0] if args else None
+        if not (name in BATCHED_MATMULS and isinstance(operand, torch.Tensor) and operand.dim() == 3
+                and operand.shape[0] == 1):
+            self.names.add(name)
         return func(*args, **(kwargs or {}))
 
 
@@ -85,8 +113,10 @@ def harness(name: str | None) -> Callable:
 
 
 def record_calls(run: Callable[[], object], forbidden) -> tuple[object, list[str]]:
-    """run() with the forbidden functions it reaches recorded; returns (its value, the names reached).
-    Exceptions propagate. Recording is off when nothing is forbidden (torch.compile then runs as usual)."""
+    """run() with the forbidden functions it reaches recorded, on its own thread and on every thread it
+    starts; returns (its value, the names reached). A recorder found switched off or replaced at the end is
+    reported as RECORDER_OFF. Exceptions propagate. Recording is off when nothing is forbidden (torch.compile
+    then runs as usual)."""
     if not forbidden:
         return run(), []
     names: set[str] = set()
@@ -95,25 +125,55 @@ def record_calls(run: Callable[[], object], forbidden) -> tuple[object, list[str
 
     def profile(frame, event, arg):
         if event == "call":
-            hit = codes.get((frame.f_code.co_filename, frame.f_code.co_firstlineno))
+            hit = codes.get((frame.f_code.co_filename, frame.f_code.co_firstlineno)) or codes.get(_body(frame.f_code))
             if hit:
                 names.add(hit)
 
+    def recorded(function):
+        """function, run on a new thread with the same recording (modes and profile are per thread)."""
+        def on_thread(*args, **kwargs):
+            if codes:
+                sys.setprofile(profile)
+            with (_TorchNames(names) if plain else contextlib.nullcontext()), \
+                    (_AtenNames(names) if plain else contextlib.nullcontext()):
+                return function(*args, **kwargs)
+        return on_thread
+
+    starts = (threading._start_new_thread, _thread.start_new_thread)
+    work_item_run = futures_thread._WorkItem.run
+
+    def start_new_thread(function, args, kwargs=None):
+        return starts[1](recorded(function), args, kwargs or {})
+
+    def run_work_item(item):   # a thread pool's worker started before the call
+        return recorded(work_item_run)(item)
+
     previous = sys.getprofile()
+    threading._start_new_thread = _thread.start_new_thread = start_new_thread
+    futures_thread._WorkItem.run = run_work_item
     if codes:
         sys.setprofile(profile)
-        threading.setprofile(profile)
     try:
         if plain:
-            with _TorchNames(names), _AtenNames(names):
+            with _TorchNames(names) as torch_names, _AtenNames(names) as aten_names:
                 value = run()
+                if not (_on_stack(torch_names, torch.overrides._get_current_function_mode_stack()) and
+                        _on_stack(aten_names, torch.utils._python_dispatch._get_current_dispatch_mode_stack())):
+                    names.add(RECORDER_OFF)
         else:
             value = run()
+        if codes and sys.getprofile() is not profile:
+            names.add(RECORDER_OFF)
     finally:
+        threading._start_new_thread, _thread.start_new_thread = starts
+        futures_thread._WorkItem.run = work_item_run
         if codes:
             sys.setprofile(previous)
-            threading.setprofile(None)
-    return value, sorted(n for n in names if n in set(forbidden))
+    return value, sorted(n for n in names if n in set(forbidden) or n == RECORDER_OFF)
+
+
+def _on_stack(mode, stack) -> bool:
+    return any(m is mode for m in stack)
 
 
 def call_case(fn: Callable, args, kwargs, call: str | None, forbidden=()) -> dict:
@@ -149,8 +209,7 @@ def expected_result(exercise, case):
 def check(lab: str, fn: Callable, function: str | None = None, seed: int = 0) -> None:
     """Run the visible cases of `lab`'s exercise for `fn` (by its name, or `function`); print a line per
     case, or raise CheckFailed with the first problem and its hint."""
-    from helpers.runner.grade import judge_case
-    from helpers.runner.grading_specs import spec_for
+    from helpers.grading.specs import spec_for
     name = function or fn.__name__
     exercise = next((e for e in spec_for(lab).exercises if e.function == name), None)
     if exercise is None:
@@ -440,15 +499,6 @@ def default_read_ahead(fn, n, workers, seed) -> str:
 
 # lab 02: fusion
 
-def kernel_counts() -> dict[str, int]:
-    """Exercise 3's reference: the cpp_fused_* functions the compiled wrapper of each function calls. Here,
-    not in the grading specs: torch.compile reads the source of the frames on its stack, and the sandbox
-    refuses that file."""
-    from helpers import fusion
-    return {name: len(fusion.inspect_compiled(fn, *args).kernel_functions)
-            for name, (fn, args) in kernel_count_cases().items()}
-
-
 def sealed_counts(fn) -> dict[str, str] | str:
     """Exercise 4: fn()'s prediction with each count sealed (a short hash of name and count), so a failing
     case names the functions predicted wrong without printing the counts measured. The reference's counts
@@ -459,29 +509,6 @@ def sealed_counts(fn) -> dict[str, str] | str:
         return f"a {type(predicted).__name__}, not a dict of name -> count"
     return {str(name): "#" + hashlib.sha256(f"{name}={count!r}".encode()).hexdigest()[:8]
             for name, count in predicted.items()}
-
-
-def kernel_count_cases() -> dict:
-    """Exercise 3's four functions and their inputs, name -> (function, args), as the notebook shows them."""
-    x, w = torch.randn(64, 128), torch.randn(128, 32)
-    return {"chain": (_chain, (x,)), "independent": (_independent, (x, torch.randn(1000))),
-            "center": (_center, (x,)), "matmul_between": (_matmul_between, (x, w))}
-
-
-def _chain(x):
-    return ((x * 2 + 1).sin() * 3).relu()
-
-
-def _independent(a, b):
-    return a.sin(), b.cos()
-
-
-def _center(x):
-    return x - x.mean(dim=-1, keepdim=True)
-
-
-def _matmul_between(x, w):
-    return torch.relu((x * 2) @ w) + 1
 
 
 def _unrecorded(run: Callable[[], object]) -> object:
@@ -576,7 +603,7 @@ def triton_launch(fn, xs):
 # lab 04: the C++ custom op
 
 def _is_silu_mul_reference(fn, function: str) -> bool:
-    specs = sys.modules.get("helpers.runner.grading_specs")   # never imported in a submission's sandbox
+    specs = sys.modules.get("helpers.grading.specs")   # never imported in a submission's sandbox
     return specs is not None and any(e.function == function and e.reference is fn
                                      for e in specs.spec_for("04_custom_op_lab").exercises)
 

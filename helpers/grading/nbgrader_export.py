@@ -6,7 +6,7 @@
 then, in course/: `nbgrader generate_assignment 00_warmup_lab`, release, collect, `nbgrader autograde
 00_warmup_lab`. nbgrader uses the same `### BEGIN SOLUTION` / `### END SOLUTION` markers as the labs,
 so generate_assignment replaces each solution with its own stub. Its autograder runs the labs' visible
-check cells only; `python -m helpers grade` also runs the hidden cases of helpers/runner/grading_specs.py.
+check cells only; `python -m helpers grade` also runs the hidden cases of helpers/grading/specs.py.
 
 How cells are marked, in each solution notebook:
 - a code cell with a `### BEGIN SOLUTION` line is the solution of the next exercise (Exercise 1, 2, ...,
@@ -24,13 +24,13 @@ from pathlib import Path
 
 from helpers.notebooks import BEGIN, REPO, read, write
 from helpers.files import write_text_atomic
-from helpers.runner.grading_specs import SPECS
+from helpers.grading.specs import SPECS
 
 SOLUTIONS = REPO / "labs" / "solutions"
 CHECK_CALL = re.compile(r"(?<!def )\b(check\w*|fail|passed)\s*\(")
 
 CONFIG = '''\
-# nbgrader configuration of the PyTorch 2.10 Labs course (written by helpers.runner.nbgrader_export).
+# nbgrader configuration of the PyTorch 2.10 Labs course (written by helpers.grading.nbgrader_export).
 import os
 
 c = get_config()  # noqa: F821 (nbgrader defines it)

@@ -1,0 +1,427 @@
+"""Grade a folder of lab submissions: python -m helpers grade LAB SUBMISSIONS_DIR.
+
+Each submission runs in its own sandbox process (helpers.grading.sandbox), isolated by the operating system
+where the machine allows it (helpers.grading.isolation: namespaces and a cgroup; elsewhere a loud warning and
+"not isolated" in every row). It only returns what the student's functions give back on inputs drawn here from
+a secret seed; this process computes the references (helpers.grading.specs) and judges every case
+(helpers.grading.judge) outside the student's reach. The job goes in over a pipe, the results come back over
+another, read without ever blocking; a crash or a hang costs the exercise where it happened, and the exercises
+after it are graded in a fresh process, all within one budget per submission.
+
+Limits follow the lab's solution, graded first in the same run: a call may use CPU_FACTOR times the CPU time
+of the solution's slowest case of that exercise (at least CALL_FLOOR_S), a cell CPU_FACTOR times its slowest
+cell (at least CELL_FLOOR_S), a submission CPU_FACTOR times the solution's whole CPU time plus
+BUDGET_SLACK_S. CPU time, not wall time: a busy machine slows a submission's clock, not its CPU time, so the
+same file gets the same score. Wall time only stops what waits without computing (a sleep, a blocked read):
+`time_limit` seconds per submission, by default WALL_FACTOR times the solution's wall time, at least
+WALL_FLOOR_S.
+
+Writes OUT/scores.csv (one row per student, one column per exercise) and OUT/feedback/STUDENT.md (each
+check, passed or failed with its hint; hidden checks are named but their inputs are not shown).
+"""
+from __future__ import annotations
+
+import io
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import psutil
+import torch
+
+from helpers.device import capabilities
+from helpers.ext import CACHE_DIR
+from helpers.files import write_text_atomic
+from helpers.grading import isolation
+from helpers.grading.checks import expected_result
+from helpers.grading.judge import judge_case
+from helpers.grading.report import feedback, scores_csv
+from helpers.grading.sandbox import FRAME_HEADER
+from helpers.grading.specs import LabSpec, spec_for
+from helpers.interactive import HEADLESS_ENV
+from helpers.processes import kill, memory_mb, process_tree
+
+REPO = Path(__file__).resolve().parent.parent.parent
+SOLUTIONS = REPO / "labs" / "solutions"
+PROTECTED = [SOLUTIONS, REPO / "helpers" / "grading" / "specs.py", REPO / ".git", REPO / "runs"]
+CPU_FACTOR = 10
+CALL_FLOOR_S, CELL_FLOOR_S, BUDGET_SLACK_S = 2.0, 10.0, 60.0
+WALL_FACTOR, WALL_FLOOR_S = 10, 120.0
+MAX_SKIPPED_CELLS = 3
+MAX_RESULTS_MB = 512          # what one sandbox may send back in all
+POLL_S = 0.1
+STOP_TEXT = {"timeout": "ran past the time limit and was stopped (look for a loop that never ends)",
+             "memory": "used more memory than the limit and was stopped",
+             "too much output": "sent back more than the grader reads and was stopped"}
+
+
+def find_submissions(folder: str | Path) -> dict[str, Path]:
+    """student name -> notebook: NAME.ipynb in the folder, or one .ipynb inside a folder NAME/."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder of submissions")
+    found = {}
+    for entry in sorted(folder.iterdir()):
+        if entry.suffix == ".ipynb" and entry.is_file() and not entry.is_symlink():
+            found[entry.stem] = entry
+        elif entry.is_dir() and not entry.is_symlink() and entry.name not in ("graded", ".ipynb_checkpoints"):
+            notebooks = sorted(p for p in entry.glob("*.ipynb") if p.is_file() and not p.is_symlink())
+            if notebooks:
+                found[entry.name] = notebooks[0]
+    if not found:
+        raise ValueError(f"no submissions in {folder}: expected NAME.ipynb files or NAME/ folders with one .ipynb")
+    return found
+
+
+# --- One sandbox process ---------------------------------------------------------------------------
+
+def _frames(buffer: bytearray) -> list:
+    """The complete frames at the start of `buffer` (removed from it), as weights-only torch values; an
+    unreadable frame becomes {"unreadable": True}."""
+    messages = []
+    while len(buffer) >= FRAME_HEADER.size:
+        (size,) = FRAME_HEADER.unpack_from(buffer)
+        if len(buffer) < FRAME_HEADER.size + size:
+            break
+        data = bytes(buffer[FRAME_HEADER.size:FRAME_HEADER.size + size])
+        del buffer[:FRAME_HEADER.size + size]
+        try:
+            messages.append(torch.load(io.BytesIO(data), weights_only=True))
+        except Exception:   # bytes the submission wrote into the pipe itself
+            messages.append({"unreadable": True})
+    return messages
+
+
+class _Usage:
+    """CPU time and memory of one sandbox: from its cgroup where there is one, else from its process tree
+    (CPU time of ended processes kept as last seen)."""
+
+    def __init__(self, root: psutil.Process, cgroup: dict | None):
+        self.root, self.cgroup, self.cpu_seen = root, cgroup, {}
+
+    def cpu_seconds(self) -> float:
+        if self.cgroup is not None:
+            return isolation.cgroup_cpu_seconds(self.cgroup)
+        for p in [self.root] + process_tree(self.root):
+            try:
+                t = p.cpu_times()
+                self.cpu_seen[p.pid] = t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                pass
+        return sum(self.cpu_seen.values())
+
+    def memory_mb(self) -> float:
+        return memory_mb([self.root] + process_tree(self.root))
+
+
+def _sandbox_process(job: dict, isolated: bool, cgroup: dict | None, work: Path, writable: dict) -> tuple:
+    """Start the sandbox: returns (process, the results pipe's read end)."""
+    read_fd, write_fd = os.pipe()
+    command = [sys.executable, "-I", "-m", "helpers.grading.sandbox", str(write_fd)]
+    threads, extra = job["threads"], {HEADLESS_ENV: "1", "LABS_CACHE": str(CACHE_DIR.parent)}
+    if isolated:
+        argv = isolation.in_cgroup(cgroup, isolation.sandbox_argv(command, threads=threads, env=extra,
+                                                                  writable=writable))
+        env, cwd = None, None
+    else:
+        argv, cwd = command, work
+        env = isolation.sandbox_env(threads, {**extra, "HOME": str(work), "TMPDIR": str(work)})
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, pass_fds=(write_fd,), start_new_session=True)
+    os.close(write_fd)
+    return proc, read_fd
+
+
+def _feed(proc: subprocess.Popen, blob: bytes) -> None:
+    """Write the job to the sandbox's stdin on a side thread (it reads it whole once torch is imported)."""
+    def write():
+        try:
+            proc.stdin.write(blob)
+            proc.stdin.close()
+        except OSError:   # the sandbox ended before reading it all
+            pass
+    threading.Thread(target=write, daemon=True).start()
+
+
+def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: float, cpu_left: float,
+                wall_left: float, writable: dict) -> dict:
+    """Run the sandbox once within what is left of the submission's budget. Returns {"messages", "stopped"
+    (None, "timeout", "memory", "too much output", "crashed (...)"), "cpu_seconds", "wall_seconds"}."""
+    cgroup = isolation.create_cgroup(f"{os.getpid()}-{secrets.token_hex(4)}", memory_mb=memory_limit_mb * 1.5,
+                                     cpus=job["threads"]) if isolated else None
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
+        proc, fd = _sandbox_process(job, isolated, cgroup, Path(tmp), writable)
+        _feed(proc, blob)
+        usage, buffer, messages, received, stopped = _Usage(psutil.Process(proc.pid), cgroup), bytearray(), [], 0, None
+        eof = False
+        try:
+            while True:
+                if eof:
+                    time.sleep(POLL_S)
+                readable = [] if eof else select.select([fd], [], [], POLL_S)[0]
+                chunk = os.read(fd, 1 << 20) if readable else b""
+                eof = eof or bool(readable) and not chunk   # every writer closed the pipe
+                received += len(chunk)
+                buffer += chunk
+                messages += _frames(buffer)
+                if eof and proc.poll() is not None:
+                    break
+                if received > MAX_RESULTS_MB * 2**20:
+                    stopped = "too much output"
+                elif usage.memory_mb() > memory_limit_mb:
+                    stopped = "memory"
+                elif usage.cpu_seconds() > cpu_left or time.monotonic() - start > wall_left:
+                    stopped = "timeout"
+                elif proc.poll() is not None and not readable:
+                    # ended, and nothing more in the pipe: a process it left holding the pipe open (only
+                    # possible without isolation) gets one more poll, not a wait
+                    if not select.select([fd], [], [], POLL_S)[0]:
+                        break
+                if stopped:
+                    kill([usage.root] + process_tree(usage.root))
+                    break
+        finally:
+            os.close(fd)
+            proc.wait()
+            cpu = usage.cpu_seconds()
+            oom = cgroup is not None and isolation.cgroup_oom_killed(cgroup)
+            isolation.remove_cgroup(cgroup)
+    code = proc.returncode
+    if isolated and code > 128:   # bwrap exits with 128 + the signal that ended the sandboxed process
+        code = 128 - code
+    if stopped is None and code != 0:
+        if oom:
+            stopped = "memory"
+        elif code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            stopped = {"SIGXCPU": "timeout", "SIGKILL": "killed (SIGKILL)"}.get(name, f"crashed ({name})")
+        else:
+            stopped = f"crashed (exit status {code})"
+    return {"messages": messages, "stopped": stopped, "cpu_seconds": cpu, "wall_seconds": time.monotonic() - start}
+
+
+def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *, threads: int,
+                   memory_limit_mb: float, isolated: bool, protected: list[Path]) -> dict:
+    """Every attempt a submission needs, within one budget: returns {"results": {function: entry},
+    "faults": {function: text}, "stops", "flags", "cell_errors", "cpu_seconds", "wall_seconds",
+    "cell_cpu_seconds"}."""
+    remaining = [e.function for e in spec.exercises]
+    faults, stops, skip, notes, results, flags, cell_errors, cell_cpu = {}, [], [], [], {}, set(), [], []
+    cpu_used = wall_used = 0.0
+    try:
+        text = notebook.read_text()
+        nbformat.validate(nbformat.reads(text, as_version=4))
+    except Exception as exc:   # not JSON, not a notebook: nothing to run
+        faults = {name: f"the submission is not a valid notebook ({type(exc).__name__})" for name in remaining}
+        stops, remaining = ["malformed notebook"], []
+    writable = _writable_folders(spec, isolated)
+    try:
+        for _attempt in range(len(remaining) + MAX_SKIPPED_CELLS + 1):
+            if not remaining:
+                break
+            if cpu_used >= limits["budget_cpu_seconds"] or wall_used >= limits["wall_seconds"]:
+                for name in remaining:
+                    faults.setdefault(name, "not run: the submission's time budget was spent")
+                remaining = []
+                break
+            job = {"skip_cells": skip, "exercises": remaining, "notebook": text, "threads": threads,
+                   "inputs": {name: inputs[name] for name in remaining}, "limits": {
+                       **limits, "address_space_mb": memory_limit_mb if capabilities().build_accelerator is None
+                       else None},   # a GPU build maps gigabytes of libraries: only the watcher's limit applies
+                   "protected": [str(p) for p in protected], "allow_processes": spec.allow_processes,
+                   "native_library_roots": list(writable) if spec.allow_processes else []}
+            buffer = io.BytesIO()
+            torch.save(job, buffer)
+            attempt = run_attempt(job, buffer.getvalue(), isolated=isolated, memory_limit_mb=memory_limit_mb,
+                                  cpu_left=limits["budget_cpu_seconds"] - cpu_used,
+                                  wall_left=limits["wall_seconds"] - wall_used, writable=writable)
+            cpu_used += attempt["cpu_seconds"]
+            wall_used += attempt["wall_seconds"]
+            marker, done = "cells", False
+            for message in attempt["messages"]:
+                if not isinstance(message, dict) or message.get("unreadable"):
+                    flags.add("wrote into the grader's results pipe")
+                elif "at" in message:
+                    marker = str(message["at"])
+                elif "cells" in message:
+                    cell_errors, cell_cpu = list(message["cells"]), list(message.get("cell_cpu_seconds", []))
+                    flags |= set(map(str, message.get("flags", [])))
+                elif "result" in message and message["result"] in remaining and isinstance(message["entry"], dict):
+                    results[message["result"]] = message["entry"]
+                    flags |= set(map(str, message.get("flags", [])))
+                elif message.get("done"):
+                    done = True
+            stopped = attempt["stopped"]
+            if stopped:
+                stops.append(stopped)
+            if stopped is None and done:
+                break
+            why = STOP_TEXT.get(stopped, stopped) if stopped else "ended its process early"
+            cell = re.fullmatch(r"cell (\d+)", marker)
+            if cell and len(skip) < MAX_SKIPPED_CELLS:   # run again without that cell
+                skip.append(int(cell.group(1)))
+                notes.append(f"cell {skip[-1]} {why}; it was left out and the notebook run again")
+                continue
+            if marker not in remaining:   # while the cells ran (or a marker the submission sent itself)
+                for name in remaining:
+                    if name not in results:
+                        faults[name] = f"the notebook {why} while its cells ran"
+                break
+            faults[marker] = f"the function {why}"
+            remaining = [n for n in remaining if n not in results and n not in faults]
+        for name in remaining:
+            if name not in results and name not in faults:
+                faults[name] = "could not be graded: the notebook kept stopping early"
+    finally:
+        for host in writable.values():
+            if host != CACHE_DIR:
+                shutil.rmtree(host, ignore_errors=True)
+    return {"results": results, "faults": faults, "stops": stops, "flags": sorted(flags),
+            "cell_errors": notes + cell_errors, "cpu_seconds": cpu_used, "wall_seconds": wall_used,
+            "cell_cpu_seconds": cell_cpu}
+
+
+def _writable_folders(spec: LabSpec, isolated: bool) -> dict[str, Path]:
+    """Inside path -> a fresh host folder, for what a lab must write outside its working folder: the C++
+    extension cache of labs that build code (lab 04), a private copy of the helpers' cache per submission."""
+    if not spec.allow_processes:
+        return {}
+    if not isolated:
+        return {str(CACHE_DIR): CACHE_DIR}
+    host = Path(tempfile.mkdtemp(prefix="labs-grade-ext-"))
+    if CACHE_DIR.is_dir():
+        shutil.copytree(CACHE_DIR, host, dirs_exist_ok=True, symlinks=True)
+    return {str(CACHE_DIR): host}
+
+
+# --- Limits from the lab's solution ------------------------------------------------------------------
+
+GENEROUS = {"call_cpu_s": 300.0, "cell_cpu_s": 600.0, "budget_cpu_s": 3600.0}
+
+
+def measure_reference(spec: LabSpec, inputs: dict, *, threads: int, memory_limit_mb: float, isolated: bool,
+                      wall_seconds: float) -> dict:
+    """The lab's solution graded like a submission, under generous limits, on this run's inputs: its CPU
+    seconds per exercise (slowest case), per cell (slowest), in all, and its wall time."""
+    functions = [e.function for e in spec.exercises]
+    limits = {"call_cpu_seconds": dict.fromkeys(functions, GENEROUS["call_cpu_s"]),
+              "cell_cpu_seconds": GENEROUS["cell_cpu_s"], "process_cpu_seconds": GENEROUS["budget_cpu_s"],
+              "budget_cpu_seconds": GENEROUS["budget_cpu_s"], "wall_seconds": wall_seconds}
+    run = run_submission(SOLUTIONS / f"{spec.lab}.ipynb", spec, inputs, limits, threads=threads,
+                         memory_limit_mb=memory_limit_mb, isolated=isolated, protected=[])
+    calls = {name: max((c.get("cpu_seconds", 0.0) for c in run["results"].get(name, {}).get("cases", [])),
+                       default=0.0) for name in functions}
+    return {"call_cpu_seconds": calls, "cell_cpu_seconds": max(run["cell_cpu_seconds"], default=0.0),
+            "cpu_seconds": run["cpu_seconds"], "wall_seconds": run["wall_seconds"],
+            "complete": not run["faults"] and not run["stops"]}
+
+
+def limits_from(reference: dict, cpu_factor: float, time_limit: float | None) -> dict:
+    """The submissions' limits: cpu_factor times the reference's CPU time (with floors), and the wall backstop."""
+    return {"call_cpu_seconds": {name: max(CALL_FLOOR_S, cpu_factor * s)
+                                 for name, s in reference["call_cpu_seconds"].items()},
+            "cell_cpu_seconds": max(CELL_FLOOR_S, cpu_factor * reference["cell_cpu_seconds"]),
+            "budget_cpu_seconds": cpu_factor * reference["cpu_seconds"] + BUDGET_SLACK_S,
+            "process_cpu_seconds": cpu_factor * reference["cpu_seconds"] + BUDGET_SLACK_S,
+            "wall_seconds": time_limit or max(WALL_FLOOR_S, WALL_FACTOR * reference["wall_seconds"])}
+
+
+# --- Judging and the class -------------------------------------------------------------------------
+
+def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dict, isolation_text: str) -> dict:
+    row = {"student": student, "scores": {}, "lines": [], "flags": run["flags"], "isolation": isolation_text}
+    for ex in spec.exercises:
+        got = run["results"].get(ex.function)
+        lines, passed = [], 0
+        if ex.function in run["faults"]:
+            lines.append(f"❌ {ex.title}: {run['faults'][ex.function]}; no check could run")
+        elif not got or not got.get("defined"):
+            lines.append(f"❌ {ex.title}: no function named {ex.function} was defined")
+        else:
+            for case, exp, result in zip(cases[ex.function], expected[ex.function], got["cases"]):
+                problem = judge_case(ex, case, exp, result)
+                label = f"{ex.title}: {case.name}" + (" (hidden check)" if case.hidden else "")
+                if problem is not None and case.hidden:   # say so on the first line, before the hint
+                    first, _, rest = problem.partition("\n")
+                    problem = f"{first} (hidden check)" + (f"\n{rest}" if rest else "")
+                lines.append(f"✅ {label}: passed" if problem is None else problem)
+                passed += problem is None
+        row["scores"][ex.title] = round(ex.points * passed / len(cases[ex.function]), 2)
+        row["lines"] += lines
+    row["total"] = round(sum(row["scores"].values()), 2)
+    row["max"] = sum(e.points for e in spec.exercises)
+    row["status"] = "; ".join(sorted(set(run["stops"]))) or "ok"
+    return row
+
+
+def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path | None = None,
+                      workers: int | None = None, time_limit: float | None = None, memory_limit_mb: float = 2048,
+                      cpu_factor: float = CPU_FACTOR, seed: int | None = None, progress: bool = False) -> dict:
+    """Grade every submission in `submissions`; writes scores.csv and feedback/ into out_dir. time_limit:
+    the wall seconds a submission may take in all (default: from the solution's time, see the module)."""
+    from tqdm.auto import tqdm
+
+    from helpers.runner.execute import default_workers
+    spec = spec_for(lab)
+    found = find_submissions(submissions)
+    out = Path(out_dir) if out_dir else Path(submissions) / "graded"
+    (out / "feedback").mkdir(parents=True, exist_ok=True)
+    problem = isolation.isolation_problem()
+    isolation_text = "isolated" if problem is None else f"not isolated: {problem}"
+    if problem is not None:
+        message = (f"GRADING WITHOUT ISOLATION: {problem}. Submissions run with the in-process guards only: a "
+                   f"hostile one may read files this user can read or disturb the run. Every row says 'not isolated'.")
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        print(f"\n*** {message} ***\n", file=sys.stderr)
+    gen = torch.Generator().manual_seed(secrets.randbits(62) if seed is None else seed)
+    cases = {ex.function: ex.cases(gen) for ex in spec.exercises}
+    expected = {ex.function: [expected_result(ex, c) for c in cases[ex.function]] for ex in spec.exercises}
+    inputs = {name: [{"args": list(c.args), "kwargs": dict(c.kwargs), "call": c.call,
+                      "forbidden": list(ex.forbidden)} for c in cs]
+              for ex in spec.exercises for name, cs in [(ex.function, cases[ex.function])]}
+    protected = PROTECTED + [Path(submissions).resolve(), out.resolve()]
+    workers = workers or default_workers()
+    threads = max(1, capabilities().cpu_count // workers)
+    reference = measure_reference(spec, inputs, threads=threads, memory_limit_mb=memory_limit_mb,
+                                  isolated=problem is None, wall_seconds=max(time_limit or 0, 900.0))
+    limits = limits_from(reference, cpu_factor, time_limit)
+
+    def grade(item):
+        student, notebook = item
+        start = time.perf_counter()
+        run = run_submission(notebook, spec, inputs, limits, threads=threads, memory_limit_mb=memory_limit_mb,
+                             isolated=problem is None, protected=protected)
+        try:
+            row = grade_one(student, run, spec, cases, expected, isolation_text)
+        except Exception as exc:   # results shaped by a submission that tampered with them: no points
+            row = {"student": student, "scores": {e.title: 0.0 for e in spec.exercises}, "total": 0.0,
+                   "max": sum(e.points for e in spec.exercises), "status": "results unreadable",
+                   "flags": run["flags"], "isolation": isolation_text,
+                   "lines": [f"❌ the grader could not read the results ({type(exc).__name__})"]}
+        row["seconds"] = round(time.perf_counter() - start, 1)
+        row["cpu_seconds"] = round(run["cpu_seconds"], 1)
+        write_text_atomic(feedback(row, spec.lab, spec.exercises, run), out / "feedback" / f"{student}.md")
+        return row
+
+    with ThreadPoolExecutor(max_workers=workers) as pool, \
+            tqdm(total=len(found), desc="submissions", disable=not progress) as bar:
+        rows = []
+        for row in pool.map(grade, found.items()):
+            rows.append(row)
+            bar.update()
+    write_text_atomic(scores_csv(rows, spec.exercises), out / "scores.csv")
+    return {"students": rows, "csv": str(out / "scores.csv"), "feedback_dir": str(out / "feedback"),
+            "limits": limits, "reference": reference, "isolation": isolation_text}

@@ -1,0 +1,281 @@
+"""The student's side of grading: one process per submission that runs the notebook's code cells and
+calls the exercise functions on the grader's inputs. It decides nothing: it sends what the functions
+returned (tensors and plain values) and the grader judges that in its own process.
+
+    python -I -m helpers.grading.sandbox RESULTS_FD
+
+The grader starts it isolated (helpers.grading.isolation: namespaces, a cgroup, nothing of the repository
+but the package) with `-I`, so no folder the submission can write is on the import path. Its job arrives on
+stdin (the notebook, the exercises, the inputs, the limits: one weights-only torch blob, read whole before
+any student line runs); what it finds leaves by RESULTS_FD, a pipe only the grader reads, as frames (an
+8-byte length, then a weights-only torch blob): {"at": "cell 3" or an exercise}, {"result": name, "entry":
+...}, {"cells": errors, "flags": ...}, {"done": True}.
+
+Guards inside, set before any student code runs: CPU-time limits per cell and per call (ITIMER_PROF, raised
+as CellTimeout; the grader's budget stops what swallows it), RLIMIT_CPU and, on CPU-only torch builds,
+RLIMIT_AS; an audit hook that refuses the protected paths, new processes (for labs that do not build code)
+and native code; and a check, before each result leaves, that the harness, the recorder and what sends the
+results are the objects imported before the student's cells (a result sent after they were replaced is
+marked "tampered" and earns nothing). These are guards inside the student's own process, not a boundary: a
+submission that reaches the grader's objects through the interpreter's introspection can still change what
+this process reports. The boundary is the isolation around it, and the grader judging values itself.
+
+One exception for native code: a lab that builds its learner's C++ (lab 04, with torch's cpp_extension)
+must load what it built, so where the job names `native_library_roots` (labs with allow_processes=True
+only) ctypes.dlopen of a library inside those folders is allowed, as torch.ops.load_library does it.
+"""
+from __future__ import annotations
+
+import io
+import os
+import resource
+import signal
+import struct
+import sys
+import time
+
+BLOCKED_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                  "os.forkpty", "pty.spawn", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
+                  "ctypes.call_function", "ctypes.string_at", "ctypes.wstring_at", "ctypes.addressof")
+PATH_EVENTS = ("open", "os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
+               "os.link", "os.symlink", "os.listdir", "os.scandir", "shutil.rmtree", "shutil.copyfile",
+               "shutil.move")
+FRAME_HEADER = struct.Struct(">Q")
+_SELF = sys.modules[__name__]   # IPython puts its own module in sys.modules["__main__"] later
+
+
+class CellTimeout(Exception):
+    """The cell or call used more CPU time than its limit."""
+
+
+def _on_limit(signum, frame):
+    raise CellTimeout("ran past the time limit")
+
+
+def _limit(cpu_seconds: float) -> None:
+    signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
+
+
+def install_guard(protected: list[str], flags: list[str], allow_processes: bool = False,
+                  native_library_roots: list[str] = ()) -> None:
+    """The audit hook: refuse protected paths, new processes and native code; note each refusal in
+    `flags`. With allow_processes, processes may start, and ctypes.dlopen may load a library whose real
+    path is inside one of `native_library_roots` (ignored without allow_processes)."""
+    process_events = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                      "os.forkpty", "pty.spawn")
+    roots = [os.path.realpath(p) for p in protected]
+    native_roots = [os.path.realpath(p) for p in native_library_roots] if allow_processes else []
+
+    def is_native_library(path) -> bool:
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            return False
+        real = os.path.realpath(os.fsdecode(path))
+        return any(real.startswith(r + os.sep) for r in native_roots)
+
+    def is_protected(path) -> bool:
+        if isinstance(path, int):
+            return False
+        real = os.path.realpath(os.fsdecode(path))
+        return any(real == r or real.startswith(r + os.sep) for r in roots) or \
+            os.path.basename(real).startswith(("specs.", "grading_specs"))
+
+    def hook(event, args):
+        if allow_processes and (event in process_events or event.startswith(("os.exec", "os.spawn"))):
+            return
+        if event == "ctypes.dlopen" and args and is_native_library(args[0]):
+            return
+        if event in BLOCKED_EVENTS or event.startswith(("os.exec", "os.spawn", "os.posix_spawn")):
+            flags.append(f"blocked {event}")
+            raise PermissionError(f"grading: {event} is not allowed in a submission")
+        if event in PATH_EVENTS and args and args[0] is not None and is_protected(args[0]):
+            flags.append(f"blocked {event} of {os.fsdecode(args[0]) if not isinstance(args[0], int) else args[0]}")
+            raise PermissionError(f"grading: a submission may not access {args[0]!r}")
+    sys.addaudithook(hook)
+
+
+def _checked_by_the_grader(lab, fn, function=None, seed=0) -> None:
+    print(f"{function or getattr(fn, '__name__', fn)}: checked by the grader")
+
+
+def _plain(value, depth: int = 0):
+    """What travels back: plain tensors (a subclass loses its class), plain values, and lists, tuples and
+    dicts of them; anything else as its type name."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().as_subclass(torch.Tensor).clone()
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if depth < 4 and type(value) in (list, tuple):
+        return type(value)(_plain(v, depth + 1) for v in value)
+    if depth < 4 and type(value) is dict and all(type(k) in (str, int) for k in value):
+        return {k: _plain(v, depth + 1) for k, v in value.items()}
+    return {"type": type(value).__name__}
+
+
+def _sender(fd: int):
+    import torch
+    save, write = torch.save, os.write
+
+    def send(message) -> None:
+        buffer = io.BytesIO()
+        save(message, buffer)
+        data = memoryview(FRAME_HEADER.pack(buffer.tell()) + buffer.getvalue())
+        while data:
+            data = data[write(fd, data):]
+    return send
+
+
+def _originals() -> dict:
+    """What must still be the same object when a result leaves: the harness module's functions and their
+    code, the recorder, the sender's tools, and what turns recording on and off."""
+    import threading
+
+    import torch
+
+    import helpers.grading.checks as checks
+    import helpers.grading.judge as judge
+    found = {"sys.setprofile": sys.setprofile, "sys.getprofile": sys.getprofile,
+             "threading.setprofile": threading.setprofile, "torch.save": torch.save, "os.write": os.write,
+             "TorchFunctionMode.__enter__": torch.overrides.TorchFunctionMode.__enter__,
+             "TorchFunctionMode.__exit__": torch.overrides.TorchFunctionMode.__exit__,
+             "TorchDispatchMode.__enter__": torch.utils._python_dispatch.TorchDispatchMode.__enter__,
+             "TorchDispatchMode.__exit__": torch.utils._python_dispatch.TorchDispatchMode.__exit__}
+    for module in (checks, judge, _SELF):
+        for name, value in vars(module).items():
+            if callable(value) and getattr(value, "__module__", None) == module.__name__:
+                found[f"{module.__name__}.{name}"] = value
+                if hasattr(value, "__code__"):
+                    found[f"{module.__name__}.{name}.__code__"] = value.__code__
+                for attr, member in vars(value).items() if isinstance(value, type) else ():
+                    if callable(member):
+                        found[f"{module.__name__}.{name}.{attr}"] = member
+    return found
+
+
+def _current(label: str):
+    """The object `label` names now (as _originals named it)."""
+    import threading
+
+    import torch
+
+    import helpers.grading.checks as checks
+    import helpers.grading.judge as judge
+    roots = {"sys": sys, "threading": threading, "torch": torch, "os": os,
+             "TorchFunctionMode": torch.overrides.TorchFunctionMode,
+             "TorchDispatchMode": torch.utils._python_dispatch.TorchDispatchMode,
+             checks.__name__: checks, judge.__name__: judge, __name__: _SELF}
+    for prefix in sorted(roots, key=len, reverse=True):
+        if label.startswith(prefix + "."):
+            value = roots[prefix]
+            for part in label[len(prefix) + 1:].split("."):   # as defined, not as looked up (no binding)
+                value = value.__code__ if part == "__code__" else vars(value)[part]
+            return value
+    raise KeyError(label)
+
+
+def tampered(originals: dict) -> list[str]:
+    """The labels of `originals` that name another object now."""
+    changed = []
+    for label, original in originals.items():
+        try:
+            same = _current(label) is original
+        except Exception:
+            same = False
+        if not same:
+            changed.append(label)
+    return changed
+
+
+def main(results_fd: int) -> int:
+    import torch
+    job = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=True)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    limits = job["limits"]
+    if limits["address_space_mb"]:   # CPU-only torch builds: GPU builds map far more address space
+        limit_bytes = int(limits["address_space_mb"] * 2**20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    cpu = int(limits["process_cpu_seconds"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+    signal.signal(signal.SIGPROF, _on_limit)
+    send = _sender(results_fd)
+
+    # everything the harness needs is imported before the first student line runs
+    import nbformat
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import helpers.grading.checks
+    from helpers.grading.checks import call_case
+    # The notebook's check cells would run the visible cases from the grading specs, which a submission
+    # may not read: here they only say that the grader checks.
+    helpers.grading.checks.check = _checked_by_the_grader
+    if not (torch.cuda.is_available() or torch.xpu.is_available()):
+        # Triton builds its own helpers (tl.cdiv, tl.sigmoid) when first imported, and torch._dynamo imports
+        # it just below: on a machine without a GPU they must be built for the interpreter, as a lab sets
+        # TRITON_INTERPRET=1 there before its first import, or a learner's interpreted kernel cannot call them
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    helpers.grading.checks.record_calls(lambda: torch.zeros(1) + 1, ("add",))   # imports torch._dynamo, once
+    harness_state = dict(vars(helpers.grading.checks))   # restored before the calls: cells may rebind names
+    originals = _originals()
+
+    nb = nbformat.reads(job["notebook"], as_version=4)
+    inputs = job["inputs"]
+    log = os.open("output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    shell = InteractiveShell.instance()
+    flags: list[str] = []
+    install_guard(job["protected"], flags, job["allow_processes"], job["native_library_roots"])
+
+    cell_errors, cell_cpu = [], []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or index in job["skip_cells"]:
+            continue
+        send({"at": f"cell {index}"})
+        start = time.process_time()
+        _limit(limits["cell_cpu_seconds"])
+        try:
+            outcome = shell.run_cell(cell.source, store_history=False)
+        except CellTimeout:
+            outcome = None
+        finally:
+            _limit(0)
+        cell_cpu.append(time.process_time() - start)
+        if outcome is None or not outcome.success:
+            err = None if outcome is None else (outcome.error_in_exec or outcome.error_before_exec)
+            cell_errors.append(f"cell {index}: {type(err).__name__ if err else 'CellTimeout'}: {err or ''}"[:300])
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            shell.run_cell("QUICK = True", store_history=False)
+    send({"cells": cell_errors, "cell_cpu_seconds": cell_cpu, "flags": sorted(set(flags))})
+
+    vars(helpers.grading.checks).update(harness_state)
+    for name in job["exercises"]:
+        send({"at": name})
+        fn = shell.user_ns.get(name)
+        entry = {"defined": callable(fn), "cases": []}
+        for case in inputs[name] if callable(fn) else []:
+            record = {"value": None, "raised": None, "torch_calls": [], "cpu_seconds": 0.0}
+            last = entry["cases"][-1]["raised"] if entry["cases"] else None
+            if last and last["type"] == "CellTimeout":   # one hang is enough: the other cases are not run
+                record["raised"] = {"type": "CellTimeout",
+                                    "message": "not run: an earlier case ran past the time limit"}
+                entry["cases"].append(record)
+                continue
+            start = time.process_time()
+            _limit(limits["call_cpu_seconds"][name])
+            try:
+                record.update(call_case(fn, case["args"], case["kwargs"], case["call"], case["forbidden"]))
+                _limit(0)
+                record["value"] = _plain(record["value"])
+            except BaseException as exc:   # the time limit (CellTimeout), or a failure of the harness itself
+                _limit(0)
+                record["value"], record["raised"] = None, {"type": type(exc).__name__, "message": str(exc)[:500]}
+            record["cpu_seconds"] = time.process_time() - start
+            record["tampered"] = tampered(originals)
+            entry["cases"].append(record)
+        send({"result": name, "entry": entry, "flags": sorted(set(flags))})
+    send({"done": True})
+    return 0
+
+
+if __name__ == "__main__":
+    os._exit(main(int(sys.argv[1])))
