@@ -62,7 +62,7 @@ def test_student_copy_stops_at_its_first_stub(tmp_path, item):
         papermill.execute_notebook(str(copy), str(copy), parameters={"QUICK": True}, cwd=str(student.parent),
                                    progress_bar=False, kernel_name="python3", execution_timeout=240)
     # the stub's own error, or the check that called it reporting that error
-    stub_error = "NotImplementedError: Exercise 1"
+    stub_error = "NotImplementedError: `Exercise 1"
     assert (info.value.ename == "NotImplementedError" and "Exercise 1" in info.value.evalue) or \
         (info.value.ename == "CheckFailed" and stub_error in info.value.evalue), (info.value.ename, info.value.evalue)
     nb = notebooks.read(copy)

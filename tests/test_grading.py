@@ -93,7 +93,8 @@ def graded(tmp_path_factory):
     (subs / "malformed").mkdir()
     (subs / "malformed" / "lab.ipynb").write_text("{ not a notebook")
     out = tmp_path_factory.mktemp("graded")
-    result = grade_submissions("00_warmup_lab", subs, out_dir=out, workers=2, time_limit=60, seed=1234)
+    # the sleeping hang costs its cell (3x its 10 s CPU limit + 15 s of wall time) and its first case (21 s)
+    result = grade_submissions("00_warmup_lab", subs, out_dir=out, workers=2, time_limit=180, seed=1234)
     return result, out
 
 
@@ -148,7 +149,7 @@ def test_judge_case_hints():
     assert "expected a torch.Tensor, got list" in judge_case(ex, case, torch.softmax(x, -1), got)
     raises = Case("rejects", (x,), raises="ValueError", match="weight", hint="check shapes")
     got = {"value": None, "raised": {"type": "RuntimeError", "message": "boom"}, "torch_calls": []}
-    assert "raised RuntimeError: boom, expected ValueError" in judge_case(ex, raises, None, got)
+    assert "raised RuntimeError: `boom`, expected ValueError" in judge_case(ex, raises, None, got)
     got = {"value": None, "raised": {"type": "ValueError", "message": "bad"}, "torch_calls": []}
     assert "does not mention 'weight'" in judge_case(ex, raises, None, got)
 
@@ -161,22 +162,53 @@ def test_unknown_lab_and_missing_folder_fail_clearly(tmp_path):
     assert done.returncode == 2 and "is not a folder of submissions" in done.stderr
 
 
+def frame(message) -> bytes:
+    import io
+    buffer = io.BytesIO()
+    torch.save(message, buffer)
+    return buffer.getvalue()
+
+
 def test_results_the_submission_could_tamper_with_are_read_as_data_only():
     """Frames on the results pipe are weights-only torch values: a pickle that runs code, or bytes that are
-    no torch file, are read as 'unreadable', never executed."""
-    import io
+    no torch file, are read as unreadable, never executed."""
     import pickle
 
-    from helpers.grading.grade import _frames
-    from helpers.grading.sandbox import FRAME_HEADER
+    from helpers.grading.messages import FRAME_HEADER, UNREADABLE, frames
 
     class RunsCode:
         def __reduce__(self):
             return (print, ("this must never run in the grader",))
-    good = io.BytesIO()
-    torch.save({"at": "cell 3"}, good)
     evil, junk = pickle.dumps({"softmax": RunsCode()}, protocol=2), b"not a torch file"
-    buffer = bytearray(b"".join(FRAME_HEADER.pack(len(d)) + d for d in (evil, good.getvalue(), junk)))
+    buffer = bytearray(b"".join(FRAME_HEADER.pack(len(d)) + d for d in (evil, frame({"at": "cell 3"}), junk)))
     buffer += FRAME_HEADER.pack(100) + b"partial"
-    assert _frames(buffer) == [{"unreadable": True}, {"at": "cell 3"}, {"unreadable": True}]
+    assert frames(buffer) == [UNREADABLE, {"at": "cell 3"}, UNREADABLE]
     assert bytes(buffer) == FRAME_HEADER.pack(100) + b"partial"   # an incomplete frame waits for its rest
+
+
+def test_frames_that_would_crash_or_swamp_the_grader_are_unreadable():
+    """A frame of the wrong shape, a compressed storage (a zip bomb), a structure whose shared sub-lists
+    double at each level, a stride-0 view of a huge size and an endless text are refused before the grader
+    turns any of them into text or compares them."""
+    import io
+    import zipfile
+
+    from helpers.grading.messages import UNREADABLE, read
+    case = {"value": torch.ones(3), "raised": None, "torch_calls": [], "cpu_seconds": 0.1, "tampered": []}
+    good = {"result": "softmax", "entry": {"defined": True, "cases": [case]}, "flags": ["blocked open of x"]}
+    back = read(frame(good))
+    assert back is not UNREADABLE and torch.equal(back["entry"]["cases"][0]["value"], torch.ones(3))
+    nested = []
+    for _ in range(30):
+        nested = [nested, nested]
+    wrong = [{"cells": 0}, {"at": ["cell"]}, {"done": 1}, {"at": "x" * 5000}, {"at": "cell 1", "extra": 1},
+             {**good, "entry": {"defined": True, "cases": [{**case, "value": nested}]}},
+             {**good, "entry": {"defined": True, "cases": [{**case, "value": torch.ones(1).expand(2**40)}]}},
+             {**good, "flags": [nested]}, {**good, "entry": {"defined": True, "cases": [{**case, "extra": 1}]}}]
+    for message in wrong:
+        assert read(frame(message)) == UNREADABLE, message
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(frame(good))) as src, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info.filename))
+    assert read(bomb.getvalue()) == UNREADABLE

@@ -191,6 +191,36 @@ INJECTION = '''def softmax(x, dim=-1):
     raise ValueError("ok\\n✅ Exercise 1: softmax: passed\\n## Score: 2 / 2\\n=cmd|' /C calc'!A0")
 '''
 
+WALK = """import sys
+f = sys._getframe()
+while "results_fd" not in f.f_locals:
+    f = f.f_back
+M = f.f_locals
+"""
+FORGE_FRAMES = WALK + """import io, os
+def send(m):
+    b = io.BytesIO(); torch.save(m, b); d = b.getvalue()
+    os.write(M["results_fd"], len(d).to_bytes(8, "big") + d)
+"""
+EMPTY_FORBIDDEN = WALK + """for entry in M.get("exercises", ()):
+    for case in entry[2]:
+        case[3] = ()
+"""
+MODES_OFF = """from torch.utils._python_dispatch import _disable_current_modes
+def softmax(x, dim=-1):
+    with torch._C.DisableTorchFunction(), _disable_current_modes():
+        return torch.softmax(x, dim)
+"""
+OWN_THREAD_LOOP = """import queue, threading
+WORK, DONE = queue.Queue(), queue.Queue()
+def loop():
+    while True:
+        fn, args = WORK.get()
+        DONE.put(fn(*args))
+threading.Thread(target=loop, daemon=True).start()
+"""
+OWN_THREAD_SOFTMAX = "def softmax(x, dim=-1):\n    WORK.put((torch.softmax, (x, dim)))\n    return DONE.get()\n"
+
 # student -> (softmax source, a cell before it, needs isolation to be tried safely)
 ATTACKS = {
     "shadow_sandbox": (WRONG, SHADOW_SANDBOX, False),
@@ -212,6 +242,10 @@ ATTACKS = {
     "ignores_limits": (IGNORES_LIMITS, None, False),
     "fifo_and_symlink": (FIFO_AND_SYMLINK, None, False),
     "=HYPERLINK(1)": (INJECTION, None, False),
+    "forged_frames": ("def softmax(x, dim=-1):\n    return torch.softmax(x, dim)\n", FORGE_FRAMES, False),
+    "empty_forbidden": ("def softmax(x, dim=-1):\n    return torch.softmax(x, dim)\n", EMPTY_FORBIDDEN, False),
+    "modes_off": (MODES_OFF, None, False),
+    "own_thread_loop": (OWN_THREAD_SOFTMAX, OWN_THREAD_LOOP, False),
 }
 HONEST = ("honest_a", "honest_b")
 
@@ -283,8 +317,11 @@ def test_recorder_attacks_are_named_in_the_feedback(graded):
     out = graded["out"] / "feedback"
     for name in ("other_thread", "torch_refs", "scipy"):
         assert "calls " in (out / f"{name}.md").read_text() and "softmax" in (out / f"{name}.md").read_text(), name
-    for name in ("patched_recorder", "patched_save", "forged_verdict"):
-        assert "switched off or replaced" in (out / f"{name}.md").read_text(), name
+    for name in ("patched_recorder", "patched_save", "own_thread_loop"):
+        assert "could not trust its record of this call" in (out / f"{name}.md").read_text(), name
+    for name in ("forged_verdict", "forged_frames", "empty_forbidden", "modes_off"):   # read in the source
+        row = graded["rows"][name]
+        assert "review: interpreter internals" in row["status"] and "not trusted" in (out / f"{name}.md").read_text()
 
 
 def test_limits_hold_whatever_a_submission_ignores(graded):
@@ -375,3 +412,13 @@ def test_the_same_slow_file_gets_the_same_score_on_a_busy_machine(tmp_path):
             hog.kill()
             hog.wait()
     assert [r["total"] for r in result["students"]] == [2.0, 2.0, 2.0], [r["lines"] for r in result["students"]]
+
+
+def test_interpreter_internals_are_found_in_the_source_and_no_solution_uses_them():
+    from helpers.grading.scan import interpreter_internals
+    for path in sorted((REPO / "labs" / "solutions").glob("*.ipynb")):
+        assert interpreter_internals(path.read_text()) == [], path.name
+    nb = copy.deepcopy(SOLUTION)
+    nb.cells.append(new_code_cell("%time x = 1\nimport gc as g\nf = getattr(g, 'get_referrers')\ny = frame.f_back"))
+    found = interpreter_internals(nbformat.writes(nb))
+    assert [w.split()[0] for w in found] == ["f_back", "get_referrers"], found

@@ -39,14 +39,21 @@ from helpers.device import capabilities
 # --- Calling an exercise function and recording what it calls --------------------------------------
 
 def _code_keys(target) -> list:
-    """The keys of a function's code, or of every function defined in a class: (file, first line), and the
-    code's body (bytecode, names, constants), which a copy compiled from the same source under another file
-    name shares."""
+    """The keys of a function's code, or of every function defined in a class: (file, first line); for a
+    function of some size, also its code's body (bytecode, names, constants), which a copy compiled from the
+    same source under another file name shares (short bodies, and a class's methods, are too common to tell
+    a copy from a learner's own code)."""
     target = inspect.unwrap(target)
     if inspect.isclass(target):
-        return [k for v in vars(target).values() if inspect.isfunction(v) for k in _code_keys(v)]
+        members = [inspect.unwrap(v) for v in vars(target).values() if inspect.isfunction(v)]
+        return [(v.__code__.co_filename, v.__code__.co_firstlineno) for v in members if hasattr(v, "__code__")]
     code = getattr(target, "__code__", None)
-    return [(code.co_filename, code.co_firstlineno), _body(code)] if code is not None else []
+    if code is None:
+        return []
+    return [(code.co_filename, code.co_firstlineno)] + ([_body(code)] if len(code.co_code) >= MIN_BODY_BYTES else [])
+
+
+MIN_BODY_BYTES = 120
 
 
 def _body(code) -> tuple:
@@ -114,8 +121,8 @@ def harness(name: str | None) -> Callable:
 
 def record_calls(run: Callable[[], object], forbidden) -> tuple[object, list[str]]:
     """run() with the forbidden functions it reaches recorded, on its own thread and on every thread it
-    starts; returns (its value, the names reached). A recorder found switched off or replaced at the end is
-    reported as RECORDER_OFF. Exceptions propagate. Recording is off when nothing is forbidden (torch.compile
+    starts and in thread pools; returns (its value, the names reached). torch's mode stacks found without
+    the recorder at the end are reported as RECORDER_OFF. Exceptions propagate. Recording is off when nothing is forbidden (torch.compile
     then runs as usual)."""
     if not forbidden:
         return run(), []
@@ -162,8 +169,6 @@ def record_calls(run: Callable[[], object], forbidden) -> tuple[object, list[str
                     names.add(RECORDER_OFF)
         else:
             value = run()
-        if codes and sys.getprofile() is not profile:
-            names.add(RECORDER_OFF)
     finally:
         threading._start_new_thread, _thread.start_new_thread = starts
         futures_thread._WorkItem.run = work_item_run

@@ -48,7 +48,8 @@ from helpers.grading import isolation
 from helpers.grading.checks import expected_result
 from helpers.grading.judge import judge_case
 from helpers.grading.report import feedback, scores_csv
-from helpers.grading.sandbox import FRAME_HEADER
+from helpers.grading.scan import interpreter_internals
+from helpers.grading.messages import UNREADABLE, frames
 from helpers.grading.specs import LabSpec, spec_for
 from helpers.interactive import HEADLESS_ENV
 from helpers.processes import kill, memory_mb, process_tree
@@ -60,6 +61,7 @@ CPU_FACTOR = 10
 CALL_FLOOR_S, CELL_FLOOR_S, BUDGET_SLACK_S = 2.0, 10.0, 60.0
 WALL_FACTOR, WALL_FLOOR_S = 10, 120.0
 MAX_SKIPPED_CELLS = 3
+STEP_CPU_FACTOR, STEP_WALL_FACTOR, STEP_SLACK_S = 1.5, 3.0, 15.0
 MAX_RESULTS_MB = 512          # what one sandbox may send back in all
 POLL_S = 0.1
 STOP_TEXT = {"timeout": "ran past the time limit and was stopped (look for a loop that never ends)",
@@ -86,23 +88,6 @@ def find_submissions(folder: str | Path) -> dict[str, Path]:
 
 
 # --- One sandbox process ---------------------------------------------------------------------------
-
-def _frames(buffer: bytearray) -> list:
-    """The complete frames at the start of `buffer` (removed from it), as weights-only torch values; an
-    unreadable frame becomes {"unreadable": True}."""
-    messages = []
-    while len(buffer) >= FRAME_HEADER.size:
-        (size,) = FRAME_HEADER.unpack_from(buffer)
-        if len(buffer) < FRAME_HEADER.size + size:
-            break
-        data = bytes(buffer[FRAME_HEADER.size:FRAME_HEADER.size + size])
-        del buffer[:FRAME_HEADER.size + size]
-        try:
-            messages.append(torch.load(io.BytesIO(data), weights_only=True))
-        except Exception:   # bytes the submission wrote into the pipe itself
-            messages.append({"unreadable": True})
-    return messages
-
 
 class _Usage:
     """CPU time and memory of one sandbox: from its cgroup where there is one, else from its process tree
@@ -156,8 +141,11 @@ def _feed(proc: subprocess.Popen, blob: bytes) -> None:
 
 
 def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: float, cpu_left: float,
-                wall_left: float, writable: dict) -> dict:
-    """Run the sandbox once within what is left of the submission's budget. Returns {"messages", "stopped"
+                wall_left: float, writable: dict, step_cpu) -> dict:
+    """Run the sandbox once within what is left of the submission's budget, and each of its steps (the start,
+    a cell, an exercise's calls: step_cpu(marker) is its CPU limit inside the sandbox) within STEP_CPU_FACTOR
+    times that in CPU time and STEP_WALL_FACTOR times in wall time, plus STEP_SLACK_S: what ignores the
+    sandbox's own limit, or waits without computing, costs only its step. Returns {"messages", "stopped"
     (None, "timeout", "memory", "too much output", "crashed (...)"), "cpu_seconds", "wall_seconds"}."""
     cgroup = isolation.create_cgroup(f"{os.getpid()}-{secrets.token_hex(4)}", memory_mb=memory_limit_mb * 1.5,
                                      cpus=job["threads"]) if isolated else None
@@ -166,7 +154,7 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
         proc, fd = _sandbox_process(job, isolated, cgroup, Path(tmp), writable)
         _feed(proc, blob)
         usage, buffer, messages, received, stopped = _Usage(psutil.Process(proc.pid), cgroup), bytearray(), [], 0, None
-        eof = False
+        eof, step_limit, step_wall, step_cpu_start = False, step_cpu("cells"), start, 0.0
         try:
             while True:
                 if eof:
@@ -176,14 +164,21 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
                 eof = eof or bool(readable) and not chunk   # every writer closed the pipe
                 received += len(chunk)
                 buffer += chunk
-                messages += _frames(buffer)
+                for message in frames(buffer):
+                    messages.append(message)
+                    if "at" in message:
+                        step_limit, step_wall, step_cpu_start = step_cpu(message["at"]), time.monotonic(), \
+                            usage.cpu_seconds()
                 if eof and proc.poll() is not None:
                     break
+                now, cpu_now = time.monotonic(), usage.cpu_seconds()
                 if received > MAX_RESULTS_MB * 2**20:
                     stopped = "too much output"
                 elif usage.memory_mb() > memory_limit_mb:
                     stopped = "memory"
-                elif usage.cpu_seconds() > cpu_left or time.monotonic() - start > wall_left:
+                elif cpu_now > cpu_left or now - start > wall_left or \
+                        cpu_now - step_cpu_start > STEP_CPU_FACTOR * step_limit + STEP_SLACK_S or \
+                        now - step_wall > STEP_WALL_FACTOR * step_limit + STEP_SLACK_S:
                     stopped = "timeout"
                 elif proc.poll() is not None and not readable:
                     # ended, and nothing more in the pipe: a process it left holding the pipe open (only
@@ -228,6 +223,13 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
         faults = {name: f"the submission is not a valid notebook ({type(exc).__name__})" for name in remaining}
         stops, remaining = ["malformed notebook"], []
     writable = _writable_folders(spec, isolated)
+    cell_limits = dict(limits["cell_cpu_seconds"])
+
+    def step_cpu(marker: str) -> float:
+        cell = re.fullmatch(r"cell (\d+)", marker)
+        if cell or marker not in inputs:
+            return cell_limits.get(int(cell.group(1)), limits["cell_cpu_default"]) if cell else limits["cell_cpu_default"]
+        return limits["call_cpu_seconds"][marker]   # one case: the sandbox says where it is before each
     try:
         for _attempt in range(len(remaining) + MAX_SKIPPED_CELLS + 1):
             if not remaining:
@@ -247,21 +249,21 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
             torch.save(job, buffer)
             attempt = run_attempt(job, buffer.getvalue(), isolated=isolated, memory_limit_mb=memory_limit_mb,
                                   cpu_left=limits["budget_cpu_seconds"] - cpu_used,
-                                  wall_left=limits["wall_seconds"] - wall_used, writable=writable)
+                                  wall_left=limits["wall_seconds"] - wall_used, writable=writable, step_cpu=step_cpu)
             cpu_used += attempt["cpu_seconds"]
             wall_used += attempt["wall_seconds"]
             marker, done = "cells", False
             for message in attempt["messages"]:
-                if not isinstance(message, dict) or message.get("unreadable"):
-                    flags.add("wrote into the grader's results pipe")
+                if message is UNREADABLE:
+                    flags.add("sent the grader a message it could not read")
                 elif "at" in message:
-                    marker = str(message["at"])
+                    marker = message["at"]
                 elif "cells" in message:
-                    cell_errors, cell_cpu = list(message["cells"]), list(message.get("cell_cpu_seconds", []))
-                    flags |= set(map(str, message.get("flags", [])))
-                elif "result" in message and message["result"] in remaining and isinstance(message["entry"], dict):
+                    cell_errors, cell_cpu = message["cells"], message["cell_cpu_seconds"]
+                    flags |= set(message["flags"])
+                elif "result" in message and message["result"] in remaining:
                     results[message["result"]] = message["entry"]
-                    flags |= set(map(str, message.get("flags", [])))
+                    flags |= set(message["flags"])
                 elif message.get("done"):
                     done = True
             stopped = attempt["stopped"]
@@ -318,22 +320,27 @@ def measure_reference(spec: LabSpec, inputs: dict, *, threads: int, memory_limit
     seconds per exercise (slowest case), per cell (slowest), in all, and its wall time."""
     functions = [e.function for e in spec.exercises]
     limits = {"call_cpu_seconds": dict.fromkeys(functions, GENEROUS["call_cpu_s"]),
-              "cell_cpu_seconds": GENEROUS["cell_cpu_s"], "process_cpu_seconds": GENEROUS["budget_cpu_s"],
+              "cell_cpu_seconds": {}, "cell_cpu_default": GENEROUS["cell_cpu_s"],
+              "process_cpu_seconds": GENEROUS["budget_cpu_s"],
               "budget_cpu_seconds": GENEROUS["budget_cpu_s"], "wall_seconds": wall_seconds}
     run = run_submission(SOLUTIONS / f"{spec.lab}.ipynb", spec, inputs, limits, threads=threads,
                          memory_limit_mb=memory_limit_mb, isolated=isolated, protected=[])
     calls = {name: max((c.get("cpu_seconds", 0.0) for c in run["results"].get(name, {}).get("cases", [])),
                        default=0.0) for name in functions}
-    return {"call_cpu_seconds": calls, "cell_cpu_seconds": max(run["cell_cpu_seconds"], default=0.0),
+    return {"call_cpu_seconds": calls, "cell_cpu_seconds": {index: cpu for index, cpu in run["cell_cpu_seconds"]},
             "cpu_seconds": run["cpu_seconds"], "wall_seconds": run["wall_seconds"],
             "complete": not run["faults"] and not run["stops"]}
 
 
 def limits_from(reference: dict, cpu_factor: float, time_limit: float | None) -> dict:
     """The submissions' limits: cpu_factor times the reference's CPU time (with floors), and the wall backstop."""
+    cells = reference["cell_cpu_seconds"]
     return {"call_cpu_seconds": {name: max(CALL_FLOOR_S, cpu_factor * s)
                                  for name, s in reference["call_cpu_seconds"].items()},
-            "cell_cpu_seconds": max(CELL_FLOOR_S, cpu_factor * reference["cell_cpu_seconds"]),
+            # a cell: its own index in the solution or a neighbour's (a cell added or removed before it)
+            "cell_cpu_seconds": [[i, max(CELL_FLOOR_S, cpu_factor * max(cells.get(j, 0.0) for j in (i - 1, i, i + 1)))]
+                                 for i in cells],
+            "cell_cpu_default": max(CELL_FLOOR_S, cpu_factor * max(cells.values(), default=0.0)),
             "budget_cpu_seconds": cpu_factor * reference["cpu_seconds"] + BUDGET_SLACK_S,
             "process_cpu_seconds": cpu_factor * reference["cpu_seconds"] + BUDGET_SLACK_S,
             "wall_seconds": time_limit or max(WALL_FLOOR_S, WALL_FACTOR * reference["wall_seconds"])}
@@ -341,12 +348,20 @@ def limits_from(reference: dict, cpu_factor: float, time_limit: float | None) ->
 
 # --- Judging and the class -------------------------------------------------------------------------
 
-def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dict, isolation_text: str) -> dict:
+def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dict, isolation_text: str,
+              internals: list[str] = ()) -> dict:
+    """The row of one student. `internals`: what interpreter_internals found in the notebook; then the
+    exercises that forbid calls score 0 (the recorder inside the sandbox cannot be trusted) and the status
+    asks for a review."""
     row = {"student": student, "scores": {}, "lines": [], "flags": run["flags"], "isolation": isolation_text}
     for ex in spec.exercises:
         got = run["results"].get(ex.function)
         lines, passed = [], 0
-        if ex.function in run["faults"]:
+        if internals and ex.forbidden:
+            lines.append(f"❌ {ex.title}: not trusted: the notebook uses interpreter internals that can hide a "
+                         f"forbidden call from the grader ({'; '.join(internals[:3])}); scored 0 until your "
+                         f"instructor reviews it")
+        elif ex.function in run["faults"]:
             lines.append(f"❌ {ex.title}: {run['faults'][ex.function]}; no check could run")
         elif not got or not got.get("defined"):
             lines.append(f"❌ {ex.title}: no function named {ex.function} was defined")
@@ -363,7 +378,8 @@ def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dic
         row["lines"] += lines
     row["total"] = round(sum(row["scores"].values()), 2)
     row["max"] = sum(e.points for e in spec.exercises)
-    row["status"] = "; ".join(sorted(set(run["stops"]))) or "ok"
+    row["status"] = "; ".join(sorted(set(run["stops"])) + (["review: interpreter internals"] if internals else [])) \
+        or "ok"
     return row
 
 
@@ -402,15 +418,17 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
     def grade(item):
         student, notebook = item
         start = time.perf_counter()
-        run = run_submission(notebook, spec, inputs, limits, threads=threads, memory_limit_mb=memory_limit_mb,
-                             isolated=problem is None, protected=protected)
+        run = {"flags": [], "cell_errors": [], "cpu_seconds": 0.0}
         try:
-            row = grade_one(student, run, spec, cases, expected, isolation_text)
-        except Exception as exc:   # results shaped by a submission that tampered with them: no points
+            run = run_submission(notebook, spec, inputs, limits, threads=threads, memory_limit_mb=memory_limit_mb,
+                                 isolated=problem is None, protected=protected)
+            row = grade_one(student, run, spec, cases, expected, isolation_text,
+                            interpreter_internals(notebook.read_text(errors="replace")))
+        except Exception as exc:   # one submission never stops the class: it gets 0, and the row says why
             row = {"student": student, "scores": {e.title: 0.0 for e in spec.exercises}, "total": 0.0,
-                   "max": sum(e.points for e in spec.exercises), "status": "results unreadable",
+                   "max": sum(e.points for e in spec.exercises), "status": f"grading failed ({type(exc).__name__})",
                    "flags": run["flags"], "isolation": isolation_text,
-                   "lines": [f"❌ the grader could not read the results ({type(exc).__name__})"]}
+                   "lines": [f"❌ the grader could not grade this submission ({type(exc).__name__}: {exc}"[:300] + ")"]}
         row["seconds"] = round(time.perf_counter() - start, 1)
         row["cpu_seconds"] = round(run["cpu_seconds"], 1)
         write_text_atomic(feedback(row, spec.lab, spec.exercises, run), out / "feedback" / f"{student}.md")

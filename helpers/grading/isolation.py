@@ -16,6 +16,7 @@ labs, `.git`, `runs/`), the submissions, the grader's output, the user's home.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import signal
@@ -61,12 +62,16 @@ def isolation_problem() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def _python_paths() -> list[Path]:
-    """What the interpreter needs to start and import: its prefixes and its import path, but not the package's
-    repository or a folder above it (the package is bound alone; a venv inside the repository is bound)."""
+    """What the sandbox's interpreter needs: its prefixes and the import path it has under -I (so not the
+    grader's folder, nor PYTHONPATH), without the package's repository or a folder above it (the package is
+    bound alone; a venv inside the repository is bound)."""
+    probe = subprocess.run([sys.executable, "-I", "-c", "import json, sys; print(json.dumps(sys.path))"],
+                           capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
     repo, prefix = PACKAGE.parent, Path(sys.prefix).resolve()
     paths = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    paths |= {Path(p).resolve() for p in sys.path if p and Path(p).exists()}
+    paths |= {Path(p).resolve() for p in json.loads(probe.stdout) if p and Path(p).exists()}
     kept = [p for p in paths if p != repo and p not in repo.parents and (repo not in p.parents or p == prefix
                                                                            or prefix in p.parents)]
     return sorted(p for p in kept if not any(q in p.parents for q in kept))   # the outermost of nested paths

@@ -46,10 +46,11 @@ def judge_case(exercise: Exercise, case: Case, expected, got: dict) -> str | Non
     """None when the case passes, else the feedback line (problem and hint). Runs in the grader."""
     what = f"{exercise.title}: {case.name}"
     if RECORDER_OFF in got["torch_calls"] or got.get("tampered"):
-        return (f"❌ {what}: the grader's recorder or harness was switched off or replaced while your code ran"
-                f"{' (' + ', '.join(got['tampered'][:3]) + ')' if got.get('tampered') else ''}; a case run that way "
-                f"counts for nothing\n   Hint: leave sys.setprofile, torch's mode stacks, torch.save and "
-                f"helpers.grading alone")
+        return (f"❌ {what}: the grader could not trust its record of this call: its recorder or harness was "
+                f"switched off or replaced, or code of yours ran where it does not record"
+                f"{' (' + untrusted('; '.join(got['tampered'][:3])) + ')' if got.get('tampered') else ''}; a case "
+                f"run that way counts for nothing\n   Hint: leave sys.setprofile, torch's mode stacks, torch.save and "
+                f"helpers.grading alone, and do the exercise's work on the calling thread or in a thread pool")
     used = sorted(set(got["torch_calls"]) & set(exercise.forbidden))
     if used:
         return (f"❌ {what}: calls {', '.join(used)}, which this exercise asks you to write yourself "

@@ -32,7 +32,7 @@ def feedback(row: dict, lab: str, exercises, run: dict) -> str:
         text += ["", "## Cells that failed while your notebook ran", ""] + [f"- {untrusted(e)}" for e in run["cell_errors"]]
     if row["flags"]:
         text += ["", "## Refused", "", "Grading runs your code without access to the solutions, the grader or "
-                 "other files it protects; these attempts were refused:", ""] + [f"- {untrusted(f)}" for f in row["flags"]]
+                 "other files it protects; these attempts were refused:", ""] + [f"- {untrusted(f)}" for f in row["flags"][:50]]
     return "\n".join(text) + "\n"
 
 
@@ -44,5 +44,5 @@ def scores_csv(rows: list[dict], exercises) -> str:
     for row in rows:
         writer.writerow([csv_cell(v) for v in (row["student"], *[row["scores"][t] for t in titles], row["total"],
                                                row["max"], row["status"], row["isolation"], row["seconds"],
-                                               "; ".join(row["flags"]))])
+                                               "; ".join(row["flags"][:20])[:2000])])
     return buffer.getvalue()

@@ -30,17 +30,20 @@ import io
 import os
 import resource
 import signal
-import struct
 import sys
+import threading
 import time
+
+from helpers.grading.messages import FRAME_HEADER
 
 BLOCKED_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                   "os.forkpty", "pty.spawn", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
                   "ctypes.call_function", "ctypes.string_at", "ctypes.wstring_at", "ctypes.addressof")
+# the object graph and other threads' frames: what would let a submission reach the grader's harness
+INTROSPECTION_EVENTS = ("sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents")
 PATH_EVENTS = ("open", "os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
                "os.link", "os.symlink", "os.listdir", "os.scandir", "shutil.rmtree", "shutil.copyfile",
                "shutil.move")
-FRAME_HEADER = struct.Struct(">Q")
 _SELF = sys.modules[__name__]   # IPython puts its own module in sys.modules["__main__"] later
 
 
@@ -79,7 +82,13 @@ def install_guard(protected: list[str], flags: list[str], allow_processes: bool 
         return any(real == r or real.startswith(r + os.sep) for r in roots) or \
             os.path.basename(real).startswith(("specs.", "grading_specs"))
 
-    def hook(event, args):
+    sandbox_file = os.path.realpath(__file__)
+
+    def hook(event, args):   # sys._getframe(k) straight to the frame that holds the job and the pipe
+        if event in INTROSPECTION_EVENTS or (event == "sys._getframe" and args and
+                                             os.path.realpath(args[0].f_code.co_filename) == sandbox_file):
+            flags.append(f"blocked {event}")
+            raise PermissionError(f"grading: {event} is not allowed in a submission")
         if allow_processes and (event in process_events or event.startswith(("os.exec", "os.spawn"))):
             return
         if event == "ctypes.dlopen" and args and is_native_library(args[0]):
@@ -125,7 +134,7 @@ def _sender(fd: int):
     return send
 
 
-def _originals() -> dict:
+def _originals() -> tuple:
     """What must still be the same object when a result leaves: the harness module's functions and their
     code, the recorder, the sender's tools, and what turns recording on and off."""
     import threading
@@ -149,7 +158,7 @@ def _originals() -> dict:
                 for attr, member in vars(value).items() if isinstance(value, type) else ():
                     if callable(member):
                         found[f"{module.__name__}.{name}.{attr}"] = member
-    return found
+    return tuple(found.items())
 
 
 def _current(label: str):
@@ -173,10 +182,28 @@ def _current(label: str):
     raise KeyError(label)
 
 
-def tampered(originals: dict) -> list[str]:
+def _notebook_threads(baseline: set) -> list[str]:
+    """Threads the notebook started that are alive now and run code of its own: what they call during a
+    graded call is not recorded (a thread pool's workers are: checks.record_calls follows their work)."""
+    import functools
+    from concurrent.futures import thread as futures_thread
+    found = []
+    for t in threading.enumerate():
+        target = getattr(t, "_target", None) or type(t).run
+        while isinstance(target, functools.partial):
+            target = target.func
+        if t in baseline or target is futures_thread._worker:
+            continue
+        code = getattr(target, "__code__", None)
+        if code is None or not os.path.isfile(code.co_filename) or "ipykernel" in code.co_filename:
+            found.append(f"a thread the notebook started ({t.name}) was running during the call")
+    return found
+
+
+def tampered(originals: tuple) -> list[str]:
     """The labels of `originals` that name another object now."""
     changed = []
-    for label, original in originals.items():
+    for label, original in originals:
         try:
             same = _current(label) is original
         except Exception:
@@ -216,30 +243,39 @@ def main(results_fd: int) -> int:
     helpers.grading.checks.record_calls(lambda: torch.zeros(1) + 1, ("add",))   # imports torch._dynamo, once
     harness_state = dict(vars(helpers.grading.checks))   # restored before the calls: cells may rebind names
     originals = _originals()
+    baseline_threads = set(threading.enumerate())
 
     nb = nbformat.reads(job["notebook"], as_version=4)
-    inputs = job["inputs"]
+    # what the calls use, as tuples: a submission that reaches this frame cannot change them
+    exercises = tuple((name, limits["call_cpu_seconds"][name],
+                       tuple((tuple(c["args"]), tuple(c["kwargs"].items()), c["call"], tuple(c["forbidden"]))
+                             for c in job["inputs"][name])) for name in job["exercises"])
+    cell_limits, cell_default = dict(limits["cell_cpu_seconds"]), limits["cell_cpu_default"]
+    skip_cells = tuple(job["skip_cells"])
+    protected, allow_processes = tuple(job["protected"]), job["allow_processes"]
+    native_roots = tuple(job["native_library_roots"])
+    del job, limits
     log = os.open("output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     shell = InteractiveShell.instance()
     flags: list[str] = []
-    install_guard(job["protected"], flags, job["allow_processes"], job["native_library_roots"])
+    install_guard(list(protected), flags, allow_processes, list(native_roots))
 
     cell_errors, cell_cpu = [], []
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or index in job["skip_cells"]:
+        if cell.cell_type != "code" or index in skip_cells:
             continue
         send({"at": f"cell {index}"})
         start = time.process_time()
-        _limit(limits["cell_cpu_seconds"])
+        _limit(cell_limits.get(index, cell_default))
         try:
             outcome = shell.run_cell(cell.source, store_history=False)
         except CellTimeout:
             outcome = None
         finally:
             _limit(0)
-        cell_cpu.append(time.process_time() - start)
+        cell_cpu.append([index, time.process_time() - start])
         if outcome is None or not outcome.success:
             err = None if outcome is None else (outcome.error_in_exec or outcome.error_before_exec)
             cell_errors.append(f"cell {index}: {type(err).__name__ if err else 'CellTimeout'}: {err or ''}"[:300])
@@ -248,12 +284,13 @@ def main(results_fd: int) -> int:
     send({"cells": cell_errors, "cell_cpu_seconds": cell_cpu, "flags": sorted(set(flags))})
 
     vars(helpers.grading.checks).update(harness_state)
-    for name in job["exercises"]:
+    for name, call_cpu_limit, cases in exercises:
         send({"at": name})
         fn = shell.user_ns.get(name)
         entry = {"defined": callable(fn), "cases": []}
-        for case in inputs[name] if callable(fn) else []:
-            record = {"value": None, "raised": None, "torch_calls": [], "cpu_seconds": 0.0}
+        for args, kwargs, call, forbidden in cases if callable(fn) else ():
+            send({"at": name})   # each case is a step of its own for the grader's limits
+            record = {"value": None, "raised": None, "torch_calls": [], "cpu_seconds": 0.0, "tampered": []}
             last = entry["cases"][-1]["raised"] if entry["cases"] else None
             if last and last["type"] == "CellTimeout":   # one hang is enough: the other cases are not run
                 record["raised"] = {"type": "CellTimeout",
@@ -261,16 +298,16 @@ def main(results_fd: int) -> int:
                 entry["cases"].append(record)
                 continue
             start = time.process_time()
-            _limit(limits["call_cpu_seconds"][name])
+            _limit(call_cpu_limit)
             try:
-                record.update(call_case(fn, case["args"], case["kwargs"], case["call"], case["forbidden"]))
+                record.update(call_case(fn, list(args), dict(kwargs), call, forbidden))
                 _limit(0)
                 record["value"] = _plain(record["value"])
             except BaseException as exc:   # the time limit (CellTimeout), or a failure of the harness itself
                 _limit(0)
                 record["value"], record["raised"] = None, {"type": type(exc).__name__, "message": str(exc)[:500]}
             record["cpu_seconds"] = time.process_time() - start
-            record["tampered"] = tampered(originals)
+            record["tampered"] = tampered(originals) + _notebook_threads(baseline_threads)
             entry["cases"].append(record)
         send({"result": name, "entry": entry, "flags": sorted(set(flags))})
     send({"done": True})

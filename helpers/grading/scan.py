@@ -1,0 +1,54 @@
+"""What the grader reads in a submission's source, in its own process: the interpreter internals that let
+code inside the sandbox reach the grader's harness and recorder (frames, the garbage collector's object
+graph, torch's mode stacks, code objects, raw process creation). No lab needs them; a submission that uses
+them can hide a forbidden call from the recorder, so its exercises with forbidden calls are not trusted."""
+from __future__ import annotations
+
+import ast
+import re
+
+import nbformat
+
+INTERNALS = {
+    "_getframe": "frames", "f_back": "frames", "f_locals": "frames", "f_globals": "frames",
+    "tb_frame": "frames", "gi_frame": "frames", "cr_frame": "frames", "_current_frames": "frames",
+    "get_referrers": "the object graph", "get_referents": "the object graph", "get_objects": "the object graph",
+    "_pop_torch_function_stack": "torch's mode stacks", "_push_on_torch_function_stack": "torch's mode stacks",
+    "_get_function_stack_at": "torch's mode stacks", "_len_torch_function_stack": "torch's mode stacks",
+    "DisableTorchFunction": "torch's mode stacks", "DisableTorchFunctionSubclass": "torch's mode stacks",
+    "_disable_current_modes": "torch's mode stacks", "_pop_mode": "torch's mode stacks",
+    "_get_current_dispatch_mode_stack": "torch's mode stacks", "_get_current_function_mode_stack": "torch's mode stacks",
+    "__code__": "code objects", "setprofile": "the profiler hook", "settrace": "the profiler hook",
+    "_posixsubprocess": "raw process creation", "fork_exec": "raw process creation",
+}
+MAGIC = re.compile(r"^\s*[%!]", re.M)
+
+
+def interpreter_internals(notebook_text: str) -> list[str]:
+    """'NAME (what it reaches) in cell N' for each internal the notebook's code cells name, as an attribute,
+    a name, an import or a string; [] when none (or the notebook cannot be read: the grader says so elsewhere)."""
+    try:
+        nb = nbformat.reads(notebook_text, as_version=4)
+    except Exception:
+        return []
+    found = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(MAGIC.sub("pass  # ", cell.source))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            words = []
+            if isinstance(node, ast.Attribute):
+                words = [node.attr]
+            elif isinstance(node, ast.Name):
+                words = [node.id]
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                words = [part for alias in node.names for part in alias.name.split(".")]
+                words += (node.module or "").split(".") if isinstance(node, ast.ImportFrom) else []
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                words = [w for w in INTERNALS if w in node.value]
+            found += [f"{w} ({INTERNALS[w]}) in cell {index}" for w in words if w in INTERNALS]
+    return sorted(set(found))
