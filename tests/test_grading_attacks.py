@@ -224,7 +224,7 @@ OWN_THREAD_SOFTMAX = "def softmax(x, dim=-1):\n    WORK.put((torch.softmax, (x, 
 # student -> (softmax source, a cell before it, needs isolation to be tried safely)
 ATTACKS = {
     "shadow_sandbox": (WRONG, SHADOW_SANDBOX, False),
-    "dir_fd": (DIR_FD, None, False),
+    "dir_fd": (DIR_FD, None, True),   # the in-process guard sees a relative path: only isolation stops it
     "runs_copy": (RUNS_COPY, None, False),
     "unaudited_process": (UNAUDITED_PROCESS, None, True),
     "other_thread": (THREAD, None, False),

@@ -99,6 +99,8 @@ def sandbox_argv(command: list[str], *, threads: int, env: dict | None = None,
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "grading", "--clearenv"]
     for name, value in sandbox_env(threads, env).items():
         argv += ["--setenv", name, value]
+    # the fresh /tmp first: what is bound below may live under /tmp (a clone, a venv) and must stay visible
+    argv += ["--size", str(TMPFS_MB * 2**20), "--tmpfs", "/tmp"]
     for path in SYSTEM_DIRS:
         argv += ["--ro-bind-try", path, path]
     for path in _python_paths():
@@ -107,7 +109,6 @@ def sandbox_argv(command: list[str], *, threads: int, env: dict | None = None,
     for path in _hidden_package_paths():
         argv += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
     argv += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(TMPFS_MB * 2**20), "--tmpfs", "/tmp",
              "--size", str(TMPFS_MB * 2**20), "--tmpfs", "/dev/shm",
              "--dir", WORK, "--dir", "/tmp/home", "--chdir", WORK]
     for inside, host in (writable or {}).items():
