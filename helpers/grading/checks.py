@@ -78,7 +78,9 @@ def forbidden_code(forbidden) -> dict:
             candidates = [(module, name) for module in ALIAS_MODULES]
         for module, attr in candidates:
             try:
-                target = getattr(importlib.import_module(module), attr)
+                with warnings.catch_warnings():   # a module's import-time warning is not the learner's output
+                    warnings.simplefilter("ignore")
+                    target = getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError):   # optional packages: nothing to forbid where absent
                 continue
             for key in _code_keys(target):
