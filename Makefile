@@ -12,7 +12,7 @@ WORKERS ?= 2
 
 MATRIX_ENVS ?= cpu cuda latest minimal
 
-.PHONY: setup browser bubblewrap run test matrix matrix-env free-threaded gpu-check gpu-check-env lab doctor labs nbgrader clean
+.PHONY: setup browser bubblewrap axe site site-check run test matrix matrix-env free-threaded gpu-check gpu-check-env colab-check lab doctor labs nbgrader clean
 
 setup: $(VENV)/.installed-$(ENV)
 
@@ -37,6 +37,23 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "Chromium not found: the browser tests will be skipped (apt-get install chromium)"; fi; }
 
+# The course website (helpers.runner.site, Sphinx with MyST-NB): every lesson, deep dive and lab page with its
+# outputs and, under each section header, where that section ran or was skipped and why, from the records of
+# SITE_RUNS (what `make run` writes, plus a `make gpu-check` record when there is one): runs/site/html.
+# `make site-check` opens every page in Chromium with axe-core (from npm, into build/npm: `make axe`).
+SITE_RUNS ?= runs/latest $(wildcard runs/gpu-check/gpu-check-bundle.json)
+AXE_VERSION := 4.11.0
+site: setup
+	$(BIN)/python -m helpers site $(SITE_RUNS) --out runs/site
+
+site-check: setup browser axe
+	LABS_SITE_DIR=$(CURDIR)/runs/site/html $(BIN)/python -m pytest -q -p no:xdist tests/test_site.py
+
+axe:
+	@test -f build/npm/node_modules/axe-core/axe.min.js || { command -v npm >/dev/null && \
+	  npm install --silent --no-save --no-audit --no-fund --prefix build/npm axe-core@$(AXE_VERSION) || \
+	  echo "npm not found: the accessibility check of the site will be skipped (install Node.js and npm)"; }
+
 # The grader isolates each submission with bubblewrap (helpers.grading.isolation); installed here when
 # root with apt. Without it the grader still grades, says so loudly, and marks every row "not isolated".
 bubblewrap:
@@ -45,7 +62,7 @@ bubblewrap:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
 	else echo "bubblewrap not found: grading runs without isolation (apt-get install bubblewrap)"; fi; }
 
-test: setup browser bubblewrap
+test: setup browser axe bubblewrap
 	LABS_QUICK=1 LABS_HEADLESS=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
 
 # One environment of the matrix: the quick collection (record, sections, peak memory), the cells tagged
@@ -86,9 +103,11 @@ free-threaded:
 
 # A GPU machine (NVIDIA, AMD or Intel): the vendor from its own tools (nvidia-smi, rocminfo, xpu-smi or
 # sycl-ls), that vendor's environment file (cuda, rocm or xpu), the static check, every notebook in quick
-# mode with its GPU sections, then the verdict in runs/gpu-check/: record.json, matrix.html and
-# gpu_figures.json (every GPU timing with its section). It fails on a failed notebook and on a section
-# skipped although this GPU has what it needs. Without a GPU it runs the static check, says so, and fails.
+# mode with its GPU sections, then the verdict in runs/gpu-check/: record.json, matrix.html,
+# gpu_figures.json (every GPU timing with its section) and gpu-check-bundle.json, the one file to attach to
+# a GPU verification report (record, figures, static check, doctor). It fails on a failed notebook, a
+# failed static check and a section skipped although this GPU has what it needs. Without a GPU it runs the
+# static check, says so, and fails.
 GPU_WORKERS ?= 4
 gpu-check:
 	@gpu=$$($(PYTHON) -m helpers.runner.gpu_check vendor) || { \
@@ -98,11 +117,23 @@ gpu-check:
 	$(MAKE) --no-print-directory gpu-check-env ENV=$$gpu
 
 gpu-check-env: setup
-	$(BIN)/python -m helpers doctor
-	$(BIN)/python -m pytest -q -p no:xdist tests/test_gpu_sections.py
-	rm -rf runs/gpu-check
+	rm -rf runs/gpu-check && mkdir -p runs/gpu-check
+	$(BIN)/python -m helpers doctor >runs/gpu-check/doctor.txt && cat runs/gpu-check/doctor.txt
+	-$(BIN)/python -m pytest -q -p no:xdist tests/test_gpu_sections.py --junitxml runs/gpu-check/gpu_sections.xml
 	-$(BIN)/python -m helpers run --label gpu-check-$(ENV) --workers $(GPU_WORKERS) --out runs/gpu-check --no-progress
 	$(BIN)/python -m helpers.runner.gpu_check verify runs/gpu-check
+
+# The Colab cell (helpers/colab.py) in a venv holding only PyPI's torch 2.10.0, a CUDA build like Colab's:
+# the cell runs with a stand-in google.colab module, cloning this repository's committed HEAD into a
+# temporary folder; then helpers imports from the clone, torch is still 2.10.0, torchao and torchdata are
+# the versions helpers/colab.py matches to it, and `python -m helpers doctor` runs.
+COLAB_TORCH ?= 2.10.0
+COLAB_SOURCE ?= file://$(CURDIR)
+colab-check:
+	rm -rf .venv-colab && $(PYTHON) -m venv .venv-colab
+	.venv-colab/bin/python -m pip install -q --retries 10 --upgrade pip
+	.venv-colab/bin/python -m pip install -q $(PIP_RESUME) torch==$(COLAB_TORCH)
+	.venv-colab/bin/python -m helpers.colab check $(COLAB_SOURCE) $(COLAB_TORCH)
 
 lab: setup
 	$(BIN)/python -m jupyter lab --ip 127.0.0.1 --no-browser --IdentityProvider.token="$$($(BIN)/python -c 'import secrets; print(secrets.token_hex(16))')" $(if $(filter 0,$(shell id -u)),--allow-root,)

@@ -1,4 +1,4 @@
-"""Command line: python -m helpers {doctor, run, report, grade, bench, notebooks, labs, validate}."""
+"""Command line: python -m helpers {doctor, progress, run, report, grade, bench, notebooks, labs, validate}."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,22 @@ from pathlib import Path
 def cmd_doctor(args) -> int:
     from helpers.doctor import report_text
     print(report_text())
+    return 0
+
+
+def cmd_progress(args) -> int:
+    """python -m helpers progress: what this machine's learner ran, skipped, passed and predicted."""
+    from helpers import progress
+    path = progress.progress_file()
+    if args.reset:
+        print(f"cleared {path}" if progress.reset(path) else f"nothing recorded yet ({path})")
+        return 0
+    summary = progress.this_machine()
+    if args.json:
+        print(json.dumps({"file": str(path), **summary}, indent=2))
+        return 0
+    print(f"Progress recorded on this machine ({path}):")
+    print(progress.summary_text(summary))
     return 0
 
 
@@ -93,6 +109,18 @@ def cmd_report(args) -> int:
     return 0 if all(r["status"] == "passed" and r["nbval"] != "failed" for r in matrix["results"]) else 1
 
 
+def cmd_site(args) -> int:
+    """python -m helpers site RUN_DIR...: the course website from executed runs (OUT/html)."""
+    from helpers.runner.site import build_site
+    try:
+        result = build_site(args.run_dirs, args.out)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{result['pages']} pages from {', '.join(result['environments'])}: {result['html']}/index.html")
+    return 0
+
+
 def cmd_grade(args) -> int:
     from helpers.grading.grade import grade_submissions
     try:
@@ -132,6 +160,8 @@ def cmd_notebooks(args) -> int:
         return _write_verified(args)
     if args.action in ("sync", "twin"):
         return _sync_twins(args)
+    if args.action == "colab-cell":
+        return _write_colab_cells(args)
     if not args.paths:
         raise SystemExit("notebooks fix needs the notebooks to execute and rewrite")
     failed = 0
@@ -155,6 +185,26 @@ def _sync_twins(args) -> int:
             continue
         changed = notebooks.sync_from_twin(path)
         print(f"{path}: {'rewritten from its twin' if changed else 'unchanged'}")
+        if changed and path.parent.name == "solutions":
+            labs.append(path)
+    for path in notebooks.build_labs(labs) if labs else []:
+        print(f"wrote {path}")
+    return 0
+
+
+def _write_colab_cells(args) -> int:
+    """notebooks colab-cell [PATHS]: the Colab set-up cell (helpers/colab.py, with pyproject.toml's repository
+    URL) as the first code cell of each notebook (default: every manifest entry), then the labs' student copies."""
+    from helpers import colab, manifest, notebooks
+    source = colab.cell_source()
+    paths = [Path(p).with_suffix(".ipynb") for p in args.paths] or [manifest.REPO / e["path"] for e in manifest.entries()]
+    labs = []
+    for path in paths:
+        nb = notebooks.read(path)
+        changed = colab.with_cell(nb, source)
+        if changed:
+            notebooks.write(nb, path)
+        print(f"{path}: {'Colab cell written' if changed else 'unchanged'}")
         if changed and path.parent.name == "solutions":
             labs.append(path)
     for path in notebooks.build_labs(labs) if labs else []:
@@ -243,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="this machine's capabilities and what each lesson can run here")
+    prog = sub.add_parser("progress", help="your progress on this machine: lessons run fully or partly (which "
+                                           "sections skipped, and why), lab exercises passed, predictions held")
+    prog.add_argument("--json", action="store_true", help="the summary as JSON")
+    prog.add_argument("--reset", action="store_true", help="delete what was recorded")
     run = sub.add_parser("run", help="execute notebooks headless with papermill and write a record")
     run.add_argument("notebooks", nargs="*", help="paths as in helpers/manifest.json (default: all)")
     run.add_argument("--quick", action=argparse.BooleanOptionalAction, default=True,
@@ -271,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
                                            "matrix: HTML and JSON")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders written by `run --out`")
     report.add_argument("--out", default="runs/matrix", help="output folder (default runs/matrix)")
+    site = sub.add_parser("site", help="build the course website from run folders (or gpu-check bundles): every "
+                                       "page with its outputs and where each section ran")
+    site.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders written by `run --out`")
+    site.add_argument("--out", default="runs/site", help="output folder (default runs/site; the pages in OUT/html)")
     grade = sub.add_parser("grade", help="grade a folder of lab submissions; writes scores.csv and feedback")
     grade.add_argument("lab", help="lab id or path, e.g. 00_warmup_lab (see helpers/grading/specs.py)")
     grade.add_argument("submissions", help="folder of submissions: NAME.ipynb, or NAME/<any>.ipynb")
@@ -294,8 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     nbs = sub.add_parser("notebooks", help="fix: execute in quick mode and rewrite under the outputs policy; "
                                            "verified: write each card's 'Verified with torch' from a matrix; "
                                            "sync: write each .ipynb from its percent-format twin (.py); "
-                                           "twin: write a notebook's twin")
-    nbs.add_argument("action", choices=["fix", "verified", "sync", "twin"])
+                                           "twin: write a notebook's twin; colab-cell: write the Colab set-up "
+                                           "cell (from pyproject.toml's repository URL) into every notebook")
+    nbs.add_argument("action", choices=["fix", "verified", "sync", "twin", "colab-cell"])
     nbs.add_argument("paths", nargs="*", help="fix: the notebooks; verified: default every manifest entry")
     nbs.add_argument("--matrix", help="verified: the matrix.json written by python -m helpers report")
     labs = sub.add_parser("labs", help="build: write the student copies of the lab solutions; export-nbgrader DIR "
@@ -327,8 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     val.add_argument("--label")
     val.add_argument("--out", help="run: the JSON file; compare: the HTML report; matrix: the folder")
     args = parser.parse_args(argv)
-    handler = {"doctor": cmd_doctor, "run": cmd_run, "report": cmd_report, "grade": cmd_grade, "bench": cmd_bench,
-               "notebooks": cmd_notebooks, "labs": cmd_labs, "validate": cmd_validate}[args.command]
+    handler = {"doctor": cmd_doctor, "run": cmd_run, "report": cmd_report, "site": cmd_site, "grade": cmd_grade, "bench": cmd_bench,
+               "notebooks": cmd_notebooks, "labs": cmd_labs, "validate": cmd_validate,
+               "progress": cmd_progress}[args.command]
     return handler(args)
 
 

@@ -4,6 +4,7 @@
 
 A failure raises CheckFailed (an AssertionError) whose message names the exercise, what was wrong
 (type, shape, dtype, values, speed) and what to look at. The grader catches CheckFailed per exercise.
+Each pass and each CheckFailed goes to the learner's progress (helpers.progress) in their own kernel.
 """
 from __future__ import annotations
 
@@ -11,13 +12,21 @@ from typing import Callable
 
 import torch
 
+from helpers import progress
+
 
 class CheckFailed(AssertionError):
-    """A lab check failed; the message is the hint for the learner."""
+    """A lab check failed; the message ("❌ what: problem", then the hint) is the hint for the learner. It
+    is recorded where it is made: the lab checks raise it for every kind of failing case."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        progress.record("check", what=str(message).partition("\n")[0].removeprefix("❌ "), passed=False)
 
 
-def passed(what: str) -> None:
-    print(f"✅ {what}: passed")
+def passed(what: str, detail: str = "") -> None:
+    progress.record("check", what=what, passed=True)
+    print(f"✅ {what}: passed" + (f" ({detail})" if detail else ""))
 
 
 def fail(what: str, problem: str, hint: str = "") -> None:
@@ -105,7 +114,7 @@ def check_speedup(fast: Callable[[], object], slow: Callable[[], object], *, at_
     if ratio < at_least:
         fail(what, f"{ratio:.2f}x faster than {baseline_name} ({on}), the target is {at_least:.2f}x",
              hint or "profile it: where does the time go?")
-    print(f"✅ {what}: passed ({ratio:.2f}x faster than {baseline_name} on {on}, target {at_least:.2f}x)")
+    passed(what, f"{ratio:.2f}x faster than {baseline_name} on {on}, target {at_least:.2f}x")
     return ratio
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from helpers import progress
+
 HEADLESS_ENV = "LABS_HEADLESS"
 
 
@@ -107,8 +109,11 @@ def prediction_held(answer, measured, tolerance: float) -> bool:
 
 def reveal(prediction: Prediction, measured, *, why: str, tolerance: float = 2.0) -> bool | None:
     """After the measurement: the answer against what was measured on this machine, and why it came out
-    so (`why` is written from the measured values). Returns whether the prediction held (None: no answer)."""
+    so (`why` is written from the measured values). Returns whether the prediction held (None: no answer);
+    the learner's progress (helpers.progress) keeps it."""
     answer = prediction.answer()
+    held = None if answer is None else prediction_held(answer, measured, tolerance)
+    progress.record("prediction", question=prediction.question, held=held)
     shown = f"{measured:.3g}" if isinstance(measured, float) else str(measured)
     unit = f" {prediction.unit}" if prediction.unit and prediction.options is None else ""
     print(f"Question: {prediction.question}")
@@ -116,7 +121,6 @@ def reveal(prediction: Prediction, measured, *, why: str, tolerance: float = 2.0
         print(f"You did not answer. Measured here: {shown}{unit}.")
         print(f"Why: {why}")
         return None
-    held = prediction_held(answer, measured, tolerance)
     within = "" if prediction.options is not None or tolerance == 1 else f" (within a factor {tolerance:g})"
     print(f"Your answer: {answer}{unit}. Measured here: {shown}{unit}. "
           + ("✅ Your prediction held" if held else "❌ Your prediction did not hold") + within + ".")

@@ -12,6 +12,22 @@
 # Each lesson asks you to **predict before it measures**: a 🔮 cell asks a question (a control in
 # JupyterLab); answer it, run on, and a later cell says whether you were right and why, on *this* machine.
 
+# %% tags=["colab-setup"]
+# Colab only (elsewhere this cell does nothing): clone the course, install it beside Colab's own torch
+# with torchao and torchdata matched to that torch, and work from the clone.
+import sys
+
+if "google.colab" in sys.modules:
+    import os
+    import subprocess
+    clone = os.environ.get("LABS_COLAB_DIR", "/content/pytorch-210-labs")
+    if not os.path.isdir(clone):
+        source = os.environ.get("LABS_COLAB_SOURCE", "https://github.com/pytorch-210-labs/pytorch-210-labs")
+        subprocess.run(["git", "clone", "--depth", "1", source, clone], check=True)
+    subprocess.run([sys.executable, "-m", "helpers.colab", "setup"], cwd=clone, check=True)
+    os.chdir(clone)
+    sys.path.insert(0, clone)
+
 # %% tags=["parameters"]
 QUICK = False   # quick mode: small sizes, for CI and a first look (papermill: -p QUICK True)
 
@@ -123,8 +139,9 @@ your_turn(check_size, what="where the per-call cost stops mattering")
 # %% [markdown]
 # ## Your path through the collection
 #
-# Each lesson, deep dive and lab with its time and what skips here. In a lab, a check after your code
-# passes or names the mistake; lab 00 shows how.
+# Each lesson, deep dive and lab with its time and what skips here, then how far you are: what you ran,
+# skipped, passed and predicted, as your notebooks noted it on this machine (`python -m helpers progress`).
+# In a lab, a check after your code passes or names the mistake; lab 00 shows how.
 
 # %% tags=["predict"]
 skip_guess = predict("How many of the core lessons 01-08 skip at least one section on this machine?",
@@ -132,12 +149,14 @@ skip_guess = predict("How many of the core lessons 01-08 skip at least one secti
 
 # %% tags=["reveal"]
 from helpers.doctor import core_lessons_skipping, learning_path
+from helpers.progress import show_progress
 
 print(learning_path(caps))
 skipping = core_lessons_skipping(caps)
 reveal(skip_guess, len(skipping), tolerance=1,
        why=f"{len(skipping)} ask for what this machine lacks (a GPU, Triton on a GPU, a free-threaded Python, ...). "
            "Each still runs to the end, and its skipped sections say what they need.")
+show_progress()
 
 # %% [markdown]
 # ## Going further

@@ -14,6 +14,22 @@
 # order of an op defined in C++ → proof with `opcheck` → your turn: a mutable op → does Inductor beat the
 # C++ kernel? → `torch.export` → Triton, the cross-vendor route.
 
+# %% tags=["colab-setup"]
+# Colab only (elsewhere this cell does nothing): clone the course, install it beside Colab's own torch
+# with torchao and torchdata matched to that torch, and work from the clone.
+import sys
+
+if "google.colab" in sys.modules:
+    import os
+    import subprocess
+    clone = os.environ.get("LABS_COLAB_DIR", "/content/pytorch-210-labs")
+    if not os.path.isdir(clone):
+        source = os.environ.get("LABS_COLAB_SOURCE", "https://github.com/pytorch-210-labs/pytorch-210-labs")
+        subprocess.run(["git", "clone", "--depth", "1", source, clone], check=True)
+    subprocess.run([sys.executable, "-m", "helpers.colab", "setup"], cwd=clone, check=True)
+    os.chdir(clone)
+    sys.path.insert(0, clone)
+
 # %% tags=["parameters"]
 QUICK = False        # quick mode: small sizes, for CI and a first look (papermill: -p QUICK True)
 ROWS, HIDDEN = 4096, 4096   # the RMSNorm input measured: ROWS rows of HIDDEN values

@@ -13,6 +13,22 @@
 # int8, then int4 → the scales decide what the fewer bits can represent → what that costs on a real task
 # → what to do when it costs too much.
 
+# %% tags=["colab-setup"]
+# Colab only (elsewhere this cell does nothing): clone the course, install it beside Colab's own torch
+# with torchao and torchdata matched to that torch, and work from the clone.
+import sys
+
+if "google.colab" in sys.modules:
+    import os
+    import subprocess
+    clone = os.environ.get("LABS_COLAB_DIR", "/content/pytorch-210-labs")
+    if not os.path.isdir(clone):
+        source = os.environ.get("LABS_COLAB_SOURCE", "https://github.com/pytorch-210-labs/pytorch-210-labs")
+        subprocess.run(["git", "clone", "--depth", "1", source, clone], check=True)
+    subprocess.run([sys.executable, "-m", "helpers.colab", "setup"], cwd=clone, check=True)
+    os.chdir(clone)
+    sys.path.insert(0, clone)
+
 # %% tags=["parameters"]
 QUICK = False          # quick mode: small sizes, for CI and a first look (papermill: -p QUICK True)
 SIZE = 4096            # N and K of the square decode-size weight

@@ -13,6 +13,22 @@
 # gradient → the op, and the forward line, that made it → make a compiled program give the same bits on
 # every run → make it compile once, and fail CI when it does not.
 
+# %% tags=["colab-setup"]
+# Colab only (elsewhere this cell does nothing): clone the course, install it beside Colab's own torch
+# with torchao and torchdata matched to that torch, and work from the clone.
+import sys
+
+if "google.colab" in sys.modules:
+    import os
+    import subprocess
+    clone = os.environ.get("LABS_COLAB_DIR", "/content/pytorch-210-labs")
+    if not os.path.isdir(clone):
+        source = os.environ.get("LABS_COLAB_SOURCE", "https://github.com/pytorch-210-labs/pytorch-210-labs")
+        subprocess.run(["git", "clone", "--depth", "1", source, clone], check=True)
+    subprocess.run([sys.executable, "-m", "helpers.colab", "setup"], cwd=clone, check=True)
+    os.chdir(clone)
+    sys.path.insert(0, clone)
+
 # %% tags=["parameters"]
 QUICK = False          # quick mode: small sizes (papermill: -p QUICK True)
 WIDTH = 64             # width of the model whose two runs are compared

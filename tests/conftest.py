@@ -1,8 +1,14 @@
 """Markers tied to helpers.device: a test marked requires_cuda (etc.) is skipped with the device
-layer's own reason where the machine lacks it, so a skip in the test report says what was missing."""
+layer's own reason where the machine lacks it, so a skip in the test report says what was missing.
+The test suite records no learner progress (LABS_PROGRESS=off, inherited by the kernels it starts)."""
+import os
+
 import pytest
 
 from helpers.device import skip_reason
+from helpers.progress import PROGRESS_ENV
+
+os.environ[PROGRESS_ENV] = "off"
 
 MARKER_NEEDS = {"requires_cuda": ("cuda",), "requires_rocm": ("rocm",), "requires_xpu": ("xpu",),
                 "requires_gpu": ("gpu",)}

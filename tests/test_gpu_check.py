@@ -86,3 +86,35 @@ def test_what_gpu_check_owes_is_what_the_device_layer_detects_on_that_vendor_s_b
     caps = probe_fake(fake, triton=lambda: ("3.6.0", dist), triton_wanted=lambda: f"{dist}==3.6.0",
                       fp8_runs=lambda torch_mod, dev: True)
     assert missing(*sorted(gpu_check.expected_needs(detect(machine))), caps=caps) == []
+
+
+def test_verify_writes_one_bundle_that_the_report_merges_as_an_environment(tmp_path, capsys):
+    from helpers.runner.matrix import merge_runs, read_run
+    sections = [{"section": "SDPA backends on the GPU", "needs": ["torch_cuda"], "ran": True, "reason": None}]
+    figures = [{"section": "SDPA backends on the GPU", "device": "cuda", "results": {"flash": {}}}]
+    (tmp_path / "record.json").write_text(json.dumps({**record(sections, figures), "label": "gpu-check-cuda"}))
+    (tmp_path / "doctor.txt").write_text("torch  2.10.0+cu128 (CUDA 12.8)\n")
+    (tmp_path / "gpu_sections.xml").write_text(
+        '<?xml version="1.0"?><testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_gpu_sections" name="test_x[06-cell26]"/>'
+        '<testcase classname="tests.test_gpu_sections" name="test_x[07-cell19]"><failure message="gone"/></testcase>'
+        '</testsuite></testsuites>')
+    assert gpu_check.verify(tmp_path, detect("H200")) == 1, "a failed static check fails the verdict"
+    out = capsys.readouterr().out
+    assert "STATIC CHECK FAILED: test_x[07-cell19]" in out and gpu_check.BUNDLE in out
+    path = tmp_path / gpu_check.BUNDLE
+    bundle = json.loads(path.read_text())
+    assert bundle["record"]["label"] == "gpu-check-cuda" and bundle["doctor"].startswith("torch  2.10.0")
+    assert [f["section"] for f in bundle["gpu_figures"]["figures"]] == ["SDPA backends on the GPU"]
+    assert bundle["gpu_sections_check"] == {"passed": 1, "failed": ["test_x[07-cell19]"]}
+    assert read_run(path) == (bundle["record"], {})
+    [env] = merge_runs([path])["environments"]
+    assert env["name"] == "gpu-check-cuda" and env["gpu_sections_check"] == bundle["gpu_sections_check"]
+
+
+def test_a_bundle_without_static_check_or_doctor_says_so(tmp_path):
+    sections = [{"section": "SDPA backends on the GPU", "needs": ["torch_cuda"], "ran": True, "reason": None}]
+    (tmp_path / "record.json").write_text(json.dumps(record(sections)))
+    assert gpu_check.verify(tmp_path, detect("H200")) == 0
+    bundle = json.loads((tmp_path / gpu_check.BUNDLE).read_text())
+    assert bundle["gpu_sections_check"] is None and bundle["doctor"] is None

@@ -231,6 +231,39 @@ def test_the_gpu_sections_static_check_is_shown_per_environment(tmp_path):
     assert "GPU sections static check: 1 passed, 1 failed" in matrix_html(matrix)
 
 
+def write_bundle(path, notebooks: list[dict], label: str, check=None, **m):
+    """A gpu-check bundle (helpers.runner.gpu_check.bundle): a run's record with the static check and doctor."""
+    record = {"label": label, "machine": machine(**m), "started": 0.0, "total_seconds": 30.0, "complete": True,
+              "passed": sum(n["status"] == "passed" for n in notebooks),
+              "failed": sum(n["status"] != "passed" for n in notebooks), "notebooks": notebooks}
+    path.write_text(json.dumps({"record": record, "gpu_figures": {"figures": []}, "gpu_sections_check": check,
+                                "doctor": "torch 2.10.0+cu128"}))
+    return path
+
+
+def test_a_gpu_check_bundle_merges_as_one_more_environment(tmp_path, capsys):
+    ci = write_run(tmp_path / "cuda", [notebook(BASICS), notebook(ATTENTION)], label="cuda")
+    h200 = write_bundle(tmp_path / "gpu-check-bundle.json", [notebook(ATTENTION)], "gpu-check-cuda",
+                        check={"passed": 40, "failed": []}, device_name="NVIDIA H200")
+    matrix = merge_runs([ci, h200])
+    assert [e["name"] for e in matrix["environments"]] == ["cuda", "gpu-check-cuda"]
+    assert matrix["environments"][1]["gpu_sections_check"] == {"passed": 40, "failed": []}
+    assert cell(matrix, ATTENTION, "gpu-check-cuda")["status"] == "passed"
+    assert cell(matrix, BASICS, "gpu-check-cuda")["status"] == "not run"
+    assert main(["report", str(ci), str(h200), "--out", str(tmp_path / "m")]) == 1     # BASICS not run there
+    assert "gpu-check-cuda" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", ['{"record": [1]}', '[1, 2]', "not json",
+                                     '{"record": {"notebooks": [], "machine": {}}, "gpu_sections_check": {"passed": "x"}}',
+                                     '{"record": {"machine": {}}}'])
+def test_a_malformed_bundle_raises_naming_it(tmp_path, content):
+    path = tmp_path / "odd-bundle.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="odd-bundle.json"):
+        merge_runs([path])
+
+
 def test_short_build_says_when_a_gpu_build_ran_without_its_gpu():
     from helpers.runner.matrix import short_build
     assert short_build(machine(accelerator="cpu")) == "CUDA 12.8 build, no GPU"

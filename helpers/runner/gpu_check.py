@@ -1,13 +1,16 @@
 """`make gpu-check`: what a GPU machine must show, judged without trusting torch's own detection.
 
     python -m helpers.runner.gpu_check vendor            # prints cuda, rocm or xpu; exit 1 with no GPU
-    python -m helpers.runner.gpu_check verify RUN_DIR    # silent skips, GPU figures, the matrix report
+    python -m helpers.runner.gpu_check verify RUN_DIR    # silent skips, GPU figures, the matrix report, the bundle
 
 The vendor and its architecture come from the vendor's tools (nvidia-smi, rocminfo, xpu-smi or sycl-ls),
 not from torch: a torch that fails to see its GPU (a CPU wheel, a driver mismatch) would otherwise skip
-every GPU section and pass. `verify` fails a run where a notebook failed, or where a section was skipped
-although everything it needs is what this GPU provides (a silent skip), and writes RUN_DIR/gpu_figures.json
-(every timing taken on the GPU, with its section) and RUN_DIR/matrix.html. Imports no torch.
+every GPU section and pass. `verify` fails a run where a notebook failed, where a section was skipped
+although everything it needs is what this GPU provides (a silent skip), or where the static check of the
+GPU sections failed. It writes RUN_DIR/gpu_figures.json (every timing taken on the GPU, with its section),
+RUN_DIR/matrix.html and RUN_DIR/gpu-check-bundle.json, the one file a GPU verification report attaches:
+the record, the GPU figures, the static check (from RUN_DIR/gpu_sections.xml) and the doctor's report
+(RUN_DIR/doctor.txt); `python -m helpers report` merges a bundle like a run folder. Imports no torch.
 """
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ import sys
 from pathlib import Path
 
 from helpers.files import write_text_atomic
-from helpers.runner.matrix import merge_runs, write_matrix
+from helpers.runner.matrix import merge_runs, read_static_check, write_matrix
 
 FNUZ_OR_CK_ARCHS = ("gfx942", "gfx950")     # helpers.device.FP8_ROCM_ARCHS (no torch here)
+BUNDLE = "gpu-check-bundle.json"
 
 
 def _run(*cmd: str) -> str:
@@ -76,15 +80,27 @@ def gpu_figures(record: dict) -> list[dict]:
             if not str(figure.get("device", "cpu")).startswith("cpu")]
 
 
+def bundle(run_dir: Path, record: dict, figures: dict) -> dict:
+    """What a GPU verification report attaches: the run's record, its GPU figures, the static check of the
+    GPU sections (None without gpu_sections.xml) and the doctor's report (None without doctor.txt)."""
+    doctor = run_dir / "doctor.txt"
+    return {"record": record, "gpu_figures": figures,
+            "gpu_sections_check": read_static_check(run_dir / "gpu_sections.xml"),
+            "doctor": doctor.read_text() if doctor.is_file() else None}
+
+
 def verify(run_dir: str | Path, gpu: dict) -> int:
     run_dir = Path(run_dir)
     record = json.loads((run_dir / "record.json").read_text())
     failed = [nb["path"] for nb in record["notebooks"] if nb["status"] != "passed"]
     skips = silent_skips(record, expected_needs(gpu))
     figures = gpu_figures(record)
-    write_text_atomic(json.dumps({"gpu": gpu, "torch": record["machine"].get("torch_version"),
-                                  "device_name": record["machine"].get("device_name"), "figures": figures},
-                                 indent=2), run_dir / "gpu_figures.json")
+    figures_doc = {"gpu": gpu, "torch": record["machine"].get("torch_version"),
+                   "device_name": record["machine"].get("device_name"), "figures": figures}
+    write_text_atomic(json.dumps(figures_doc, indent=2), run_dir / "gpu_figures.json")
+    report = bundle(run_dir, record, figures_doc)
+    write_text_atomic(json.dumps(report, indent=1), run_dir / BUNDLE)
+    static_failures = (report["gpu_sections_check"] or {}).get("failed", [])
     write_matrix(merge_runs([run_dir]), run_dir)
     ran = sum(s["ran"] for nb in record["notebooks"] for s in nb.get("sections", []))
     print(f"{len(record['notebooks']) - len(failed)}/{len(record['notebooks'])} notebooks passed; "
@@ -93,7 +109,10 @@ def verify(run_dir: str | Path, gpu: dict) -> int:
         print(f"FAILED: {path}")
     for skip in skips:
         print(f"SILENT SKIP (this {gpu['vendor']} GPU has what it needs): {skip}")
-    return 1 if failed or skips else 0
+    for test in static_failures:
+        print(f"STATIC CHECK FAILED: {test}")
+    print(f"attach to a GPU verification report: {run_dir / BUNDLE}")
+    return 1 if failed or skips or static_failures else 0
 
 
 def main(argv: list[str]) -> int:

@@ -29,6 +29,7 @@ import psutil
 
 from helpers.interactive import HEADLESS_ENV
 from helpers.processes import kill, memory_mb, process_tree
+from helpers.progress import PROGRESS_ENV
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SECTION_LOG_ENV = "LABS_SECTION_LOG"    # the same name as helpers.device.SECTION_LOG_ENV (no torch here)
@@ -161,7 +162,7 @@ def execute_job(job: dict) -> dict:
             (workdir / "job.json").write_text(json.dumps(spec))
             log, figures = workdir / "sections.jsonl", workdir / "figures.jsonl"
             env = {**os.environ, SECTION_LOG_ENV: str(log), FIGURES_LOG_ENV: str(figures), HEADLESS_ENV: "1",
-                   "PYTHONUNBUFFERED": "1"}
+                   PROGRESS_ENV: "off", "PYTHONUNBUFFERED": "1"}   # a batch run is no learner's progress
             with open(workdir / "driver.log", "wb") as driver_log:
                 driver = subprocess.Popen([sys.executable, "-m", "helpers.runner.drive", str(workdir / "job.json")],
                                           cwd=str(REPO), env=env, stdout=subprocess.DEVNULL, stderr=driver_log,

@@ -9,7 +9,9 @@ nbval.xml: JUnit XML of the stored-output check of the same notebooks (`helpers 
 or `pytest --nbval-lax --junitxml`), read as
 one result per notebook ("failed" if any of its cells failed, "skipped" if all were skipped), and an
 optional gpu_sections.xml: the JUnit XML of tests/test_gpu_sections.py, the static check of every GPU
-section against that environment's torch. Imports no torch, so it runs wherever the runner runs.
+section against that environment's torch. In place of a folder, a gpu-check bundle (one JSON file that
+`make gpu-check` writes, attached to a GPU verification report) merges as one more environment.
+Imports no torch, so it runs wherever the runner runs.
 """
 from __future__ import annotations
 
@@ -131,9 +133,38 @@ def _static_text(env: dict) -> str:
     return f"; GPU sections static check: {check['passed']} passed{failed}"
 
 
+def read_bundle(path: Path) -> dict:
+    """A gpu-check bundle (`make gpu-check` writes runs/gpu-check/gpu-check-bundle.json, the file a GPU
+    verification report attaches): {"record", "gpu_figures", "gpu_sections_check", "doctor"}, checked
+    where the matrix reads it."""
+    bundle = _read_json(path, path)
+    check = bundle.get("gpu_sections_check")
+    if not isinstance(bundle.get("record"), dict):
+        raise ValueError(f"{path}: not a gpu-check bundle (no record)")
+    if check is not None and not (isinstance(check, dict) and isinstance(check.get("passed"), int)
+                                  and isinstance(check.get("failed"), list)
+                                  and all(isinstance(name, str) for name in check["failed"])):
+        raise ValueError(f"{path}: its gpu_sections_check is not {{'passed': N, 'failed': [test ids]}}")
+    return bundle
+
+
+def static_check(run_dir: str | Path) -> dict | None:
+    """The static check of the GPU sections of a run folder (its gpu_sections.xml) or of a bundle."""
+    path = Path(run_dir)
+    if path.is_file():
+        return read_bundle(path).get("gpu_sections_check")
+    return read_static_check(path / "gpu_sections.xml")
+
+
 def read_run(run_dir: str | Path) -> tuple[dict, dict]:
-    """(record.json, nbval results by notebook path, empty without nbval.xml) of one run folder."""
+    """(record.json, nbval results by notebook path, empty without nbval.xml) of one run folder; a
+    gpu-check bundle file in place of a folder gives its record (and no nbval results)."""
     folder = Path(run_dir)
+    if folder.is_file():
+        summary = read_bundle(folder)["record"]
+        if not isinstance(summary.get("notebooks"), list) or not isinstance(summary.get("machine"), dict):
+            raise ValueError(f"{run_dir}: the bundle's record is not a run record (no notebooks or machine)")
+        return summary, {}
     if not (folder / "record.json").is_file():
         raise ValueError(f"{run_dir}: no record.json here (not a folder written by python -m helpers run)")
     summary = _read_json(folder / "record.json", run_dir)
@@ -188,7 +219,7 @@ def merge_runs(run_dirs: list[str | Path]) -> dict:
                              "build": short_build(summary["machine"]), "passed": summary.get("passed"), "failed": summary.get("failed"),
                              "total_seconds": summary.get("total_seconds"),
                              "complete": bool(summary.get("complete")),
-                             "gpu_sections_check": read_static_check(Path(run_dir) / "gpu_sections.xml")})
+                             "gpu_sections_check": static_check(run_dir)})
         records = {r["path"]: r for r in summary["notebooks"]}
         notebooks += [path for path in records if path not in notebooks]
         runs.append((name, records, nbval))
@@ -273,12 +304,6 @@ def _environment_item(matrix: dict, env: dict) -> str:
 def matrix_html(matrix: dict) -> str:
     """A self-contained page (HTML and CSS only): the environments, then notebooks by environments."""
     envs = "".join(_environment_item(matrix, e) for e in matrix["environments"])
-    by_cell = {(r["notebook"], r["environment"]): r for r in matrix["results"]}
-    head = "".join(f"<th>{html.escape(e['name'])}</th>" for e in matrix["environments"])
-    rows = "".join(
-        f"<tr><th>{html.escape(nb)}</th>"
-        + "".join(_cell(by_cell[nb, e["name"]]) for e in matrix["environments"]) + "</tr>"
-        for nb in matrix["notebooks"])
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Notebook matrix</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
@@ -291,10 +316,20 @@ pre.error{{white-space:pre-wrap;max-width:40em;max-height:12em;overflow:auto;bac
 <h1>Notebook matrix: {len(matrix['notebooks'])} notebooks, {len(matrix['environments'])} environments</h1>
 <ul>{envs}</ul>
 <p>Peak memory over {BUDGET_MB} MB (the Binder budget) is highlighted.</p>
-<table><tr><th>notebook</th>{head}</tr>
-{rows}
-</table></body></html>
+{matrix_table(matrix)}
+</body></html>
 """
+
+
+def matrix_table(matrix: dict) -> str:
+    """The notebooks-by-environments table (HTML), also the course site's status page."""
+    by_cell = {(r["notebook"], r["environment"]): r for r in matrix["results"]}
+    head = "".join(f"<th scope='col'>{html.escape(e['name'])}</th>" for e in matrix["environments"])
+    rows = "".join(
+        f"<tr><th scope='row'>{html.escape(nb)}</th>"
+        + "".join(_cell(by_cell[nb, e["name"]]) for e in matrix["environments"]) + "</tr>"
+        for nb in matrix["notebooks"])
+    return f"<table class='status-table'><tr><th scope='col'>notebook</th>{head}</tr>\n{rows}\n</table>"
 
 
 def write_matrix(matrix: dict, out_dir: str | Path) -> tuple[Path, Path]:

@@ -14,6 +14,22 @@
 # hidden ones: `✅ ... passed`, or `❌` with a hint. The cells after a check show your function at work
 # on this notebook's batch; the timings at the end are measured, not checked.
 
+# %% tags=["colab-setup"]
+# Colab only (elsewhere this cell does nothing): clone the course, install it beside Colab's own torch
+# with torchao and torchdata matched to that torch, and work from the clone.
+import sys
+
+if "google.colab" in sys.modules:
+    import os
+    import subprocess
+    clone = os.environ.get("LABS_COLAB_DIR", "/content/pytorch-210-labs")
+    if not os.path.isdir(clone):
+        source = os.environ.get("LABS_COLAB_SOURCE", "https://github.com/pytorch-210-labs/pytorch-210-labs")
+        subprocess.run(["git", "clone", "--depth", "1", source, clone], check=True)
+    subprocess.run([sys.executable, "-m", "helpers.colab", "setup"], cwd=clone, check=True)
+    os.chdir(clone)
+    sys.path.insert(0, clone)
+
 # %% tags=["parameters"]
 QUICK = False   # quick mode: small sizes (papermill: -p QUICK True)
 LENGTHS = [33, 500, 61, 1024, 12, 700, 90, 256]
