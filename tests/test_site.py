@@ -32,7 +32,8 @@ def env(name, records, *, torch="2.10.0+cu128", accelerator="cpu", device_name=N
     machine = {"torch_version": torch, "python_version": "3.11.7", "accelerator": accelerator,
                "build_accelerator": "cuda" if "cu" in torch else None, "cuda_version": "12.8" if "cu" in torch else None,
                "device_name": device_name, "cpu_name": "AMD EPYC", "cpu_count": 2}
-    return {"name": name, "machine": machine, "date": "2026-12-03", "records": records, "executed": {}}
+    return {"name": name, "machine": machine, "date": "2026-12-03", "parameters": {}, "records": records,
+            "executed": {}}
 
 
 CELLS = [{"cell_type": "markdown", "source": "# Title"},
@@ -40,50 +41,90 @@ CELLS = [{"cell_type": "markdown", "source": "# Title"},
          {"cell_type": "code", "source": "x = 1"},
          {"cell_type": "markdown", "source": "## On the GPU"},
          {"cell_type": "code", "source": 'if requires("cuda", section="Kernels on the GPU"):\n    pass'}]
+SKIPPED = {"section": "Kernels on the GPU", "ran": False, "reason": "needs cuda (this machine: cpu)"}
+RAN = {"section": "Kernels on the GPU", "ran": True, "reason": None}
+
+
+def provenance(title, gated, environments, stops=None):
+    return site.section_provenance("nb", title, gated, environments, stops or {})
 
 
 def test_section_map_gives_each_gated_section_to_the_heading_above_it():
-    owned = site.section_map(CELLS, ["Kernels on the GPU", "Declared elsewhere"])
-    assert owned == {1: [], 3: ["Kernels on the GPU"]}
+    assert site.section_map(CELLS, ["Kernels on the GPU", "Declared elsewhere"]) == {
+        "Plain section": [], "On the GPU": ["Kernels on the GPU"]}
 
 
-def test_provenance_says_where_a_section_ran_was_skipped_and_was_not_reached():
-    skipped = {"section": "Kernels on the GPU", "ran": False, "reason": "needs cuda (this machine: cpu)"}
-    ran = {"section": "Kernels on the GPU", "ran": True, "reason": None}
-    environments = [env("cpu", {"nb": {"status": "passed", "sections": [skipped]}}, torch="2.13.0+cpu"),
-                    env("h200", {"nb": {"status": "passed", "sections": [ran]}}, accelerator="cuda",
-                        device_name="NVIDIA H200"),
-                    env("broken", {"nb": {"status": "failed", "sections": []}})]
-    gpu = site.section_provenance("nb", "On the GPU", ["Kernels on the GPU"], environments)
-    assert gpu["ran"] == ["h200: torch 2.10.0+cu128 (CUDA 12.8 build on NVIDIA H200), Python 3.11.7, "
-                          "NVIDIA H200, 2026-12-03"]
-    assert gpu["skipped"] == [("cpu: torch 2.13.0+cpu (CPU build), Python 3.11.7, AMD EPYC (2 cores), 2026-12-03",
+def test_headings_inside_fenced_code_are_not_sections_and_a_cell_is_cut_at_each_heading():
+    text = "Intro\n## First\ntext\n```text\n## not a heading\n```\n## Second\nmore"
+    cells = site.split_at_headings([{"cell_type": "markdown", "id": "c", "source": text}])
+    assert [site.heading(c) for c in cells] == [None, "First", "Second"]
+    assert "## not a heading" in cells[1]["source"] and cells[1]["source"].count("```") == 2
+
+
+def test_provenance_says_where_a_section_ran_and_was_skipped_and_why():
+    environments = [env("cpu", {"nb": {"status": "passed", "sections": [SKIPPED]}}, torch="2.13.0+cpu"),
+                    env("h200", {"nb": {"status": "passed", "sections": [RAN]}}, accelerator="cuda",
+                        device_name="NVIDIA H200")]
+    gpu = provenance("On the GPU", ["Kernels on the GPU"], environments)
+    assert gpu["ran"] == ["h200: torch 2.10.0+cu128 (CUDA 12.8 build on NVIDIA H200), Python 3.11.7, 2026-12-03"]
+    assert gpu["ran_without"] == [("cpu: torch 2.13.0+cpu (CPU build), Python 3.11.7, AMD EPYC (2 cores), 2026-12-03",
                                "Kernels on the GPU: needs cuda (this machine: cpu)")]
-    assert gpu["not_reached"] == [site.where(environments[2])]     # failed, and no executed copy to look at
-    plain = site.section_provenance("nb", "Plain section", [], environments[:2])
-    assert len(plain["ran"]) == 2 and not plain["skipped"]
+    plain = provenance("Plain section", [], environments)
+    assert len(plain["ran"]) == 2 and not plain["ran_without"]
     text = site.provenance_html(gpu)
-    assert "Ran on</b> h200" in text and "Skipped on</b> cpu" in text and "has not run on any" not in text
+    assert "Ran on</b> h200" in text and "Ran on</b> cpu" in text and "with a part skipped" in text
+    assert "has not run" not in text
+    assert "has not run in full on any machine" in site.provenance_html(provenance("On the GPU", ["Kernels on the GPU"],
+                                                                                   environments[:1]))
+
+
+def test_a_failed_run_ran_the_sections_before_its_error_failed_in_one_and_never_reached_the_rest():
+    executed = [{"cell_type": "markdown", "source": "## First"},
+                {"cell_type": "code", "source": "1", "execution_count": 1, "outputs": []},
+                {"cell_type": "markdown", "source": "## Second"},
+                {"cell_type": "code", "source": "2", "execution_count": 2,
+                 "outputs": [{"output_type": "error", "ename": "ValueError", "evalue": "bad"}]},
+                {"cell_type": "markdown", "source": "## Third"},
+                {"cell_type": "code", "source": "3", "execution_count": None, "outputs": []}]
+    stops = {"cpu": site.stopped_in(executed)}
+    assert stops["cpu"] == {"First": "ran", "Second": "failed", "Third": "not reached"}
+    failed = [env("cpu", {"nb": {"status": "failed", "sections": [], "fault": "cell-error",
+                                 "error": {"ename": "ValueError", "evalue": "bad"}}})]
+    assert provenance("First", [], failed, stops)["ran"]
+    assert provenance("Second", [], failed, stops)["failed"] == [(site.where(failed[0]), "ValueError: bad")]
+    assert provenance("Third", [], failed, stops)["not_reached"]
+    assert "Failed here on</b> cpu" in site.provenance_html(provenance("Second", [], failed, stops))
+
+
+def test_a_failed_run_without_an_executed_copy_tells_only_what_its_record_decided():
+    record = {"status": "failed", "fault": "kernel-died", "sections": [SKIPPED]}
+    environments = [env("bundle", {"nb": record})]
+    gated = provenance("On the GPU", ["Kernels on the GPU"], environments)
+    assert gated["ran_without"] and not gated["unknown"]
+    plain = provenance("Plain section", [], environments)
+    assert plain["unknown"] == [(site.where(environments[0]), "the notebook kernel-died and this run kept no "
+                                                              "executed copy")] and not plain["ran"]
 
 
 def test_a_section_that_never_ran_says_so_and_reasons_are_escaped():
     skipped = {"section": "S", "ran": False, "reason": "needs <xpu>"}
-    prov = site.section_provenance("nb", "S", ["S"], [env("cpu", {"nb": {"status": "passed", "sections": [skipped]}})])
+    prov = provenance("S", ["S"], [env("cpu", {"nb": {"status": "passed", "sections": [skipped]}})])
     text = site.provenance_html(prov)
-    assert "has not run on any machine recorded here" in text and "&lt;xpu&gt;" in text
-    assert "has not run on any machine" in site.provenance_html(site.section_provenance("nb", "S", ["S"], []))
+    assert "has not run in full on any machine recorded here" in text and "&lt;xpu&gt;" in text
+    assert "has not run on any machine" in site.provenance_html(provenance("S", ["S"], []))
 
 
-def test_a_failed_run_reached_the_sections_before_its_error(tmp_path):
-    executed = {"cells": [{"cell_type": "markdown", "source": "## First"},
-                          {"cell_type": "code", "source": "1", "execution_count": 1},
-                          {"cell_type": "markdown", "source": "## Second"},
-                          {"cell_type": "code", "source": "2", "execution_count": None}]}
-    (tmp_path / "nb.ipynb").write_text(json.dumps(executed))
-    failed = env("cpu", {"nb": {"status": "failed", "sections": []}})
-    failed["executed"] = {"nb": tmp_path / "nb.ipynb"}
-    assert site.section_provenance("nb", "First", [], [failed])["ran"]
-    assert site.section_provenance("nb", "Second", [], [failed])["not_reached"]
+def test_a_run_without_executed_notebooks_tells_from_its_record_and_a_missing_date_is_unknown(tmp_path):
+    record = {"label": "h200", "started": 0, "parameters": {"QUICK": True}, "complete": True, "passed": 0,
+              "failed": 1, "machine": {"torch_version": "2.10.0+cu128", "accelerator": "cuda"},
+              "notebooks": [{"path": "nb", "status": "failed", "sections": [RAN], "seconds": 1.0}]}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "record.json").write_text(json.dumps(record))
+    matrix = site.merge_runs([run])
+    [environment] = site.read_environments([run], matrix)
+    assert environment["executed"] == {} and environment["date"] == "date unknown"
+    assert provenance("On the GPU", ["Kernels on the GPU"], [environment])["ran"]
 
 
 def test_figures_carry_a_title_and_a_text_alternative():
@@ -166,6 +207,10 @@ def test_every_page_renders_with_provenance_launch_links_and_no_serious_accessib
                 provenance = page.locator(".provenance").count()
                 if provenance != headers:
                     problems.append(f"{path}: {headers} section headers, {provenance} provenance notes")
+                if path == "notebooks/00_start_here.html":     # ran wherever its record says, CPU-only included
+                    first = page.locator(".provenance").first.inner_text()
+                    if "Ran on" not in first:
+                        problems.append(f"{path}: its first section did not run anywhere: {first[:200]}")
                 labels = page.locator(".launch-buttons a").all_inner_texts()
                 if labels != ["Open in Colab", "Launch on Binder", "Download the notebook"]:
                     problems.append(f"{path}: launch links {labels}")

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from helpers.colab import repository_url
 from helpers.manifest import REPO, entries
-from helpers.runner.matrix import (NOT_RUN, matrix_table, merge_runs, read_run,
-                                   short_build)
+from helpers.runner.matrix import matrix_table, merge_runs, read_run, short_build
 
-SECTION_HEADING = re.compile(r"^##\s+(.+)$", re.MULTILINE)
+HEADING = re.compile(r"##\s+(.+)")
+FENCE = re.compile(r"\s*(```|~~~)")
 
 
 def page_source(entry: dict) -> str:
@@ -33,54 +33,69 @@ def page_source(entry: dict) -> str:
 
 
 def launch_links(path: str, repository: str, download_href: str) -> dict[str, str]:
-    """Colab, Binder and download links for the notebook at repository path `path`."""
+    """Colab, Binder and download links for the notebook at repository path `path` (branch main)."""
     owner_repo = repository.removeprefix("https://github.com/")
     return {"Open in Colab": f"https://colab.research.google.com/github/{owner_repo}/blob/main/{path}",
-            "Launch on Binder": f"https://mybinder.org/v2/gh/{owner_repo}/HEAD?urlpath=lab/tree/{path}",
+            "Launch on Binder": f"https://mybinder.org/v2/gh/{owner_repo}/main?urlpath=lab/tree/{path}",
             "Download the notebook": download_href}
 
 
 # -- where each section ran ------------------------------------------------------------------------------
 
-def read_environments(run_dirs: list[str | Path]) -> list[dict]:
-    """One entry per run, in the order given: its name (as in the merged matrix), machine, date, records
-    by notebook path and executed notebooks by path."""
-    matrix = merge_runs(run_dirs)
+def read_environments(run_dirs: list[str | Path], matrix: dict) -> list[dict]:
+    """One entry per run, in the order given: its name (as in the merged `matrix`), machine, date,
+    parameters, records by notebook path and executed notebooks (paths) by notebook path."""
     environments = []
     for env, run_dir in zip(matrix["environments"], run_dirs):
         summary, _ = read_run(run_dir)
-        folder = Path(run_dir) if Path(run_dir).is_dir() else None
+        folder = Path(run_dir) if Path(run_dir).is_dir() else None     # a gpu-check bundle holds no notebooks
         executed = {r["path"]: folder / r["executed"] for r in summary["notebooks"]
                     if folder is not None and r.get("executed") and (folder / r["executed"]).is_file()}
+        started = summary.get("started")
         environments.append({"name": env["name"], "machine": summary["machine"],
-                             "date": datetime.date.fromtimestamp(summary.get("started") or 0).isoformat(),
+                             "date": datetime.date.fromtimestamp(started).isoformat() if started else "date unknown",
+                             "parameters": summary.get("parameters") or {},
                              "records": {r["path"]: r for r in summary["notebooks"]}, "executed": executed})
     return environments
 
 
 def where(env: dict) -> str:
-    """"cuda: torch 2.10.0+cu128 (CUDA 12.8 build, no GPU), Python 3.11.7, AMD EPYC (2 cores), 2026-12-03"."""
+    """"cuda: torch 2.10.0+cu128 (CUDA 12.8 build, no GPU), Python 3.11.7, AMD EPYC (2 cores), 2026-12-03";
+    on a GPU the build names the device and the CPU is left out."""
     m = env["machine"]
     python = f"Python {m.get('python_version') or '?'}" + (" free-threaded" if m.get("free_threaded") else "")
     on_gpu = m.get("accelerator") not in (None, "cpu") and m.get("device_name")
-    hardware = m["device_name"] if on_gpu else f"{m.get('cpu_name') or '?'} ({m.get('cpu_count') or '?'} cores)"
-    return (f"{env['name']}: torch {m.get('torch_version') or '?'} ({short_build(m)}), {python}, "
-            f"{hardware}, {env['date']}")
+    cpu = "" if on_gpu else f"{m.get('cpu_name') or '?'} ({m.get('cpu_count') or '?'} cores), "
+    return f"{env['name']}: torch {m.get('torch_version') or '?'} ({short_build(m)}), {python}, {cpu}{env['date']}"
+
+
+def heading_offsets(text: str) -> list[tuple[int, str]]:
+    """(offset, title) of each section heading (## ...) of a markdown text, outside fenced code blocks."""
+    found, fenced, offset = [], False, 0
+    for line in text.splitlines(keepends=True):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (match := HEADING.match(line)):
+            found.append((offset, match.group(1).strip()))
+        offset += len(line)
+    return found
 
 
 def heading(cell: dict) -> str | None:
     """The section heading a cell starts with ("## Title" -> "Title"), else None."""
-    match = SECTION_HEADING.match("".join(cell["source"])) if cell["cell_type"] == "markdown" else None
-    return match.group(1).strip() if match else None
+    if cell["cell_type"] != "markdown":
+        return None
+    found = heading_offsets("".join(cell["source"]))
+    return found[0][1] if found and found[0][0] == 0 else None
 
 
 def split_at_headings(cells: list[dict]) -> list[dict]:
-    """Markdown cells cut before each section heading (## ...), so that every heading starts a cell and its
+    """Markdown cells cut before each section heading, so that every heading starts a cell and its
     provenance can follow it."""
     out = []
     for cell in cells:
         text = "".join(cell["source"])
-        starts = [m.start() for m in SECTION_HEADING.finditer(text)] if cell["cell_type"] == "markdown" else []
+        starts = [at for at, _ in heading_offsets(text)] if cell["cell_type"] == "markdown" else []
         if starts in ([], [0]):
             out.append(cell)
             continue
@@ -90,8 +105,8 @@ def split_at_headings(cells: list[dict]) -> list[dict]:
     return out
 
 
-def section_map(cells: list[dict], declared: list[str]) -> dict[int, list[str]]:
-    """For each heading cell (## ...), the declared gated sections whose requires() call lies in the cells
+def section_map(cells: list[dict], declared: list[str]) -> dict[str, list[str]]:
+    """For each section heading's title, the declared gated sections whose requires() call lies in the cells
     up to the next heading. A gated section found before any heading belongs to the first heading."""
     headings = [i for i, c in enumerate(cells) if heading(c)]
     owned = {i: [] for i in headings}
@@ -103,63 +118,75 @@ def section_map(cells: list[dict], declared: list[str]) -> dict[int, list[str]]:
             continue
         owner = max([h for h in headings if h < at], default=headings[0])
         owned[owner].append(name)
-    return owned
+    return {heading(cells[i]): names for i, names in owned.items()}
 
 
-def reached(executed: dict | None, title: str, record: dict) -> bool:
-    """Whether a run reached the section headed `title`: every section of a notebook that passed;
-    in one that failed, a section with an executed code cell after its heading."""
-    if record["status"] == "passed":
-        return True
-    if executed is None:
-        return False
-    cells = split_at_headings(executed["cells"])
-    start = next((i for i, c in enumerate(cells) if heading(c) == title), None)
-    if start is None:
-        return False
-    following = []
-    for cell in cells[start + 1:]:
-        if cell["cell_type"] == "markdown" and SECTION_HEADING.search("".join(cell["source"])):
-            break
-        following.append(cell)
-    return any(c["cell_type"] == "code" and c.get("execution_count") is not None for c in following)
+def stopped_in(cells: list[dict]) -> dict[str, str]:
+    """For an executed notebook that failed: {section title: "ran" | "failed" | "not reached"}, cut at the
+    first cell that raised or never finished (an error output, or papermill's status failed or running)."""
+    def stopped(cell) -> bool:
+        status = cell.get("metadata", {}).get("papermill", {}).get("status")
+        return status in ("failed", "running") or any(o.get("output_type") == "error" for o in cell.get("outputs", []))
+    stop = next((i for i, c in enumerate(cells) if c["cell_type"] == "code" and stopped(c)), len(cells))
+    starts = [(i, heading(c)) for i, c in enumerate(cells) if heading(c)]
+    states = {}
+    for (start, title), (end, _) in zip(starts, starts[1:] + [(len(cells), None)]):
+        states[title] = "ran" if stop >= end else "failed" if stop >= start else "not reached"
+    return states
 
 
-def section_provenance(path: str, title: str, gated: list[str], environments: list[dict]) -> dict:
-    """{"ran": [where...], "skipped": [(where, reason)...], "not_reached": [where...]} for one section."""
-    ran, skipped, not_reached = [], [], []
+def section_provenance(path: str, title: str, gated: list[str], environments: list[dict],
+                       stops: dict[str, dict[str, str]]) -> dict:
+    """Where one section ran, was skipped (and why), failed, was not reached, or cannot be told, per
+    environment. `stops`: stopped_in() of each environment whose run of `path` failed, by environment name."""
+    prov = {"ran": [], "ran_without": [], "failed": [], "not_reached": [], "unknown": []}
     for env in environments:
         record = env["records"].get(path)
         if record is None:
             continue
-        executed = None
-        if record["status"] != "passed" and path in env["executed"]:
-            executed = json.loads(env["executed"][path].read_text())
-        if not reached(executed, title, record):
-            not_reached.append(where(env))
-            continue
         decisions = {s["section"]: s for s in record.get("sections", [])}
-        reasons = [f"{name}: {decisions[name].get('reason')}" for name in gated
-                   if name in decisions and not decisions[name]["ran"]]
-        if reasons:
-            skipped.append((where(env), "; ".join(reasons)))
+        state = "ran"
+        if record["status"] != "passed":
+            if env["name"] in stops:
+                state = stops[env["name"]].get(title, "not reached")
+            elif gated and all(name in decisions for name in gated):
+                state = "ran"                 # decided, so reached, though no executed copy says more
+            else:
+                prov["unknown"].append((where(env), f"the notebook {record.get('fault') or 'failed'} and this run "
+                                                    "kept no executed copy"))
+                continue
+        if state == "failed":
+            error = record.get("error") or {}
+            prov["failed"].append((where(env), f"{error.get('ename', record.get('fault') or 'failed')}: "
+                                               f"{str(error.get('evalue', record.get('detail', '')))[:300]}"))
+        elif state == "not reached":
+            prov["not_reached"].append(where(env))
         else:
-            ran.append(where(env))
-    return {"ran": ran, "skipped": skipped, "not_reached": not_reached}
+            reasons = [f"{name}: {decisions[name].get('reason')}" for name in gated
+                       if name in decisions and not decisions[name]["ran"]]
+            if reasons:
+                prov["ran_without"].append((where(env), "; ".join(reasons)))
+            else:
+                prov["ran"].append(where(env))
+    return prov
 
 
 def provenance_html(prov: dict) -> str:
-    """The lines shown under a section header."""
-    lines = []
+    """The lines shown under a section header: where it ran in full, where it ran with a part skipped
+    (the part, and why), failed, was not reached, or cannot be told."""
     if prov["ran"]:
-        lines.append("<b>Ran on</b> " + "; ".join(html.escape(w) for w in prov["ran"]))
-    for env, reason in prov["skipped"]:
-        lines.append(f"<b>Skipped on</b> {html.escape(env)}: {html.escape(reason)}")
+        lines = ["<b>Ran on</b> " + "; ".join(html.escape(w) for w in prov["ran"])]
+    elif prov["ran_without"]:
+        lines = ["<b>This section has not run in full on any machine recorded here.</b>"]
+    else:
+        lines = ["<b>This section has not run on any machine recorded here.</b>"]
+    lines += [f"<b>Ran on</b> {html.escape(env)}, <b>with a part skipped</b>: {html.escape(reason)}"
+              for env, reason in prov["ran_without"]]
+    lines += [f"<b>Failed here on</b> {html.escape(env)}: {html.escape(error)}" for env, error in prov["failed"]]
     if prov["not_reached"]:
         lines.append("<b>Not reached</b> (the notebook failed before it) on "
                      + "; ".join(html.escape(w) for w in prov["not_reached"]))
-    if not prov["ran"]:
-        lines.insert(0, "<b>This section has not run on any machine recorded here.</b>")
+    lines += [f"<b>Not known</b> on {html.escape(env)}: {html.escape(why)}" for env, why in prov["unknown"]]
     items = "".join(f"<li>{line}</li>" for line in lines)
     return f'<div class="provenance" role="note" aria-label="Where this section ran"><ul>{items}</ul></div>'
 
@@ -189,19 +216,23 @@ def plotly_html(figure: dict, index: int) -> str:
 
 
 def page_notebook(entry: dict, environments: list[dict], repository: str) -> tuple[dict, str]:
-    """The staged notebook of one page and a note on whose outputs it shows."""
+    """The staged notebook of one page (outputs from a run that passed when there is one, a run that failed
+    otherwise, none for a lab's student copy) and its repository path."""
     source_path = page_source(entry)
     source = json.loads((REPO / source_path).read_text())
-    shown = next((env for env in environments if entry["kind"] != "lab" and entry["path"] in env["executed"]),
-                 None)
-    nb = json.loads(shown["executed"][entry["path"]].read_text()) if shown else copy.deepcopy(source)
+    path = entry["path"]
+    runs = sorted((env for env in environments if path in env["executed"]),
+                  key=lambda env: env["records"][path]["status"] != "passed")
+    executed = {env["name"]: json.loads(env["executed"][path].read_text()) for env in runs}
+    shown = runs[0] if runs and entry["kind"] != "lab" else None
+    stops = {env["name"]: stopped_in(split_at_headings(executed[env["name"]]["cells"])) for env in runs
+             if env["records"][path]["status"] != "passed"}
+    nb = copy.deepcopy(executed[shown["name"]]) if shown else copy.deepcopy(source)
     nb["cells"] = split_at_headings([c for c in nb["cells"]
                                      if "injected-parameters" not in c.get("metadata", {}).get("tags", [])])
     nb["metadata"].pop("widgets", None)     # the widgets' state: their scripts would come from a CDN
-    source_cells = split_at_headings(source["cells"])
     declared = [s["name"] for s in entry["sections"] if s["name"] != "*"]
-    owned = section_map(source_cells, declared)
-    headings = {heading(source_cells[i]): names for i, names in owned.items()}
+    headings = section_map(split_at_headings(source["cells"]), declared)
 
     depth = "../" * source_path.count("/")
     cells, figures = [], 0
@@ -216,7 +247,7 @@ def page_notebook(entry: dict, environments: list[dict], repository: str) -> tup
                                   "text/plain": data.get("text/plain", "plotly figure")}
         cells.append(cell)
         if heading(cell) in headings:
-            prov = section_provenance(entry["path"], heading(cell), headings[heading(cell)], environments)
+            prov = section_provenance(path, heading(cell), headings[heading(cell)], environments, stops)
             cells.append({"cell_type": "markdown", "id": f"provenance-{len(cells)}", "metadata": {"tags": ["provenance"]},
                           "source": provenance_html(prov)})
     links = launch_links(source_path, repository, f"{depth}downloads/{source_path}")
@@ -224,7 +255,9 @@ def page_notebook(entry: dict, environments: list[dict], repository: str) -> tup
         whose = ("This is the student copy of the lab, without outputs; the provenance lines are those of "
                  "its solution's runs.")
     elif shown:
-        whose = f"Outputs on this page come from the run on {html.escape(where(shown))}."
+        quick = " in quick mode (small sizes)" if shown["parameters"].get("QUICK") else ""
+        status = "" if shown["records"][path]["status"] == "passed" else ", which failed"
+        whose = f"Outputs on this page come from the run{quick} on {html.escape(where(shown))}{status}."
     else:
         whose = "No run recorded here executed this notebook: it is shown without outputs."
     buttons = " ".join(f'<a class="launch" href="{html.escape(href)}"'
@@ -303,10 +336,10 @@ FAVICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect wi
 
 def stage(run_dirs: list[str | Path], src: Path) -> dict:
     """Write the site's sources into `src`: conf.py, the start and status pages, one notebook per page,
-    the downloads and plotly.js. Returns {"pages": n, "figures": n, "environments": [...]}."""
+    the downloads and plotly.js. Returns {"pages": n, "environments": [names]}."""
     from plotly.offline import get_plotlyjs
-    environments = read_environments(run_dirs)
     matrix = merge_runs(run_dirs)
+    environments = read_environments(run_dirs, matrix)
     repository = repository_url()
     if src.exists():
         shutil.rmtree(src)
@@ -327,8 +360,7 @@ def stage(run_dirs: list[str | Path], src: Path) -> dict:
     (src / "_static" / "course.css").write_text(CSS)
     (src / "_static" / "favicon.svg").write_text(FAVICON)
     (src / "_static" / "plotly.min.js").write_text(get_plotlyjs())
-    return {"pages": len(pages) + 2, "environments": [e["name"] for e in environments],
-            "not_run": sum(r["status"] == NOT_RUN for r in matrix["results"])}
+    return {"pages": len(pages) + 2, "environments": [e["name"] for e in environments]}
 
 
 def build_site(run_dirs: list[str | Path], out_dir: str | Path) -> dict:
