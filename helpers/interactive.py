@@ -112,7 +112,8 @@ def reveal(prediction: Prediction, measured, *, why: str, tolerance: float = 2.0
     so (`why` is written from the measured values). Returns whether the prediction held (None: no answer);
     the learner's progress (helpers.progress) keeps it."""
     answer = prediction.answer()
-    held = None if answer is None else prediction_held(answer, measured, tolerance)
+    # bool(): numpy scalars compare to a numpy.bool_, which the progress file cannot hold
+    held = None if answer is None else bool(prediction_held(answer, measured, tolerance))
     progress.record("prediction", question=prediction.question, held=held)
     shown = f"{measured:.3g}" if isinstance(measured, float) else str(measured)
     unit = f" {prediction.unit}" if prediction.unit and prediction.options is None else ""

@@ -5,9 +5,12 @@
 A notebook's kernel appends one JSON line per event to a file of this machine's user (nothing leaves
 the machine): each gated section's decision (`helpers.device.requires`), each check that passed or failed
 (`helpers.checks`), each prediction revealed (`helpers.interactive.reveal`), and the notebook's start
-and finish (its first cell run once helpers are imported, its last code cell run without an error). Each
-event names its notebook as Jupyter tells the kernel (`__session__` in JupyterLab and Notebook,
-`__vsc_ipynb_file__` in VS Code; else "unknown notebook"), the torch version and the time.
+and finish (its first cell run once helpers are imported, its last code cell run without an error, or
+`show_progress()`, which ends lesson 00). Each event names its notebook as Jupyter tells the kernel
+(`__session__` in JupyterLab and Notebook, absolute or relative to the server root; `__vsc_ipynb_file__` in
+VS Code), else as the Colab set-up cell names it (LABS_NOTEBOOK, the repository path), else "unknown
+notebook"; the summary matches any of these to the course's notebook by file name. Each event also names
+the torch version and the time.
 
 Only a Jupyter kernel records, and never in a headless run (the batch runner, the test suite, `notebooks
 fix` and the grader set LABS_HEADLESS=1) nor with LABS_PROGRESS=off. The file is
@@ -27,6 +30,8 @@ from pathlib import Path
 PROGRESS_ENV = "LABS_PROGRESS"            # "off": record nothing
 PROGRESS_DIR_ENV = "LABS_PROGRESS_DIR"    # the folder of progress.jsonl, instead of the state folder
 HEADLESS_ENV = "LABS_HEADLESS"            # the same name as helpers.interactive.HEADLESS_ENV (which imports this)
+NOTEBOOK_ENV = "LABS_NOTEBOOK"            # the notebook's repository path, set by the Colab set-up cell
+REPO = Path(__file__).resolve().parent.parent
 UNKNOWN_NOTEBOOK = "unknown notebook"
 EXERCISE = re.compile(r"^Exercise (\d+)\b")
 CHECK_RESULT = {True: "passed", False: "not yet", None: "not checked"}
@@ -55,7 +60,8 @@ def _kernel_shell():
 
 
 def notebook_of(shell) -> str:
-    return shell.user_ns.get("__session__") or shell.user_ns.get("__vsc_ipynb_file__") or UNKNOWN_NOTEBOOK
+    return (shell.user_ns.get("__session__") or shell.user_ns.get("__vsc_ipynb_file__")
+            or os.environ.get(NOTEBOOK_ENV) or UNKNOWN_NOTEBOOK)
 
 
 def current_notebook() -> str | None:
@@ -74,14 +80,14 @@ def record(event: str, **fields) -> None:
     if notebook is None:
         return
     from helpers.device import torch_version
-    line = json.dumps({"event": event, "notebook": notebook, "torch": torch_version(),
-                       "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields})
     try:
+        line = json.dumps({"event": event, "notebook": notebook, "torch": torch_version(),
+                           "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields})
         path = progress_file()
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as f:
             f.write(line + "\n")
-    except (OSError, RuntimeError):   # RuntimeError: Path.home() without a home folder
+    except (TypeError, ValueError, OSError, RuntimeError):   # a field JSON cannot hold; Path.home() without a home
         pass
 
 
@@ -96,11 +102,20 @@ def _last_code_cell(path: str, modified: float) -> tuple[str | None, str] | None
     return next((cell for cell in reversed(code) if cell[1]), None)
 
 
+def notebook_file(notebook: str) -> Path | None:
+    """The notebook's saved file: its path as given (absolute, or relative to the kernel's folder), from the
+    repository root (a repository path, or one relative to a server started there), or its name in the
+    kernel's folder, which is the notebook's own; None when none of these is a file."""
+    path = Path(notebook)
+    return next((p for p in (path, REPO / path, Path(path.name)) if p.is_file()), None)
+
+
 def is_last_code_cell(notebook: str, info) -> bool:
     """Whether the cell just run (IPython's ExecutionInfo) is the notebook's last code cell, by its id
     or, from a front end that sends no ids, by its source."""
+    path = notebook_file(notebook)
     try:
-        last = _last_code_cell(notebook, os.path.getmtime(notebook))
+        last = _last_code_cell(str(path), os.path.getmtime(path)) if path is not None else None
     except OSError:
         return False
     return last is not None and info is not None and (
@@ -109,16 +124,20 @@ def is_last_code_cell(notebook: str, info) -> bool:
 
 def watch(shell) -> None:
     """Record the notebook's start (the first cell run from now) and finish (its last code cell run
-    without an error) from IPython's post_run_cell event."""
+    without an error) from IPython's post_run_cell event. The hook never raises: IPython would print the
+    error under the learner's cell."""
     started = False
 
     def after_cell(result) -> None:
         nonlocal started
-        if not started:
-            started = True
-            record("start")
-        if result.success and is_last_code_cell(notebook_of(shell), getattr(result, "info", None)):
-            record("finish")
+        try:
+            if not started:
+                started = True
+                record("start")
+            if result.success and is_last_code_cell(notebook_of(shell), getattr(result, "info", None)):
+                record("finish")
+        except Exception:
+            pass
     shell.events.register("post_run_cell", after_cell)
 
 
@@ -270,10 +289,12 @@ def this_machine() -> dict:
 
 
 def show_progress() -> None:
-    """The summary, for the cell that ends lesson 00; a headless run prints one fixed line instead."""
+    """The summary, for the cell that ends lesson 00, whose finish it records first (the cell's own finish
+    would come after the summary); a headless run prints one fixed line instead."""
     if os.environ.get(HEADLESS_ENV) == "1":
         print(HEADLESS_LINE)
         return
+    record("finish")
     print(f"Your progress on this machine ({progress_file()}):")
     print(summary_text(this_machine()))
     if not recording():

@@ -1,18 +1,21 @@
 """The learner's progress (helpers.progress): the summary from events, the file the hooks write in a kernel,
 nothing written in batch or test runs nor where the file cannot be written, start and finish from IPython's
-cell events, and `python -m helpers progress`."""
+cell events (a hook that never raises; lesson 00's finish before its summary), the notebook's name in Colab,
+and `python -m helpers progress`."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import nbformat
+import numpy as np
 import pytest
 import torch
 
-from helpers import progress
+from helpers import notebooks, progress
 from helpers.checks import CheckFailed, check_equal
 from helpers.device import requires
 from helpers.interactive import Prediction, reveal
@@ -174,6 +177,80 @@ def test_start_and_finish_come_from_the_cells_run(in_a_kernel, monkeypatch, tmp_
     run("print('last')  # edited, not saved", cells[1].id)                   # by the cell's id
     run("print('last')\n")                                                   # a front end without ids
     assert [e["event"] for e in progress.read_events(in_a_kernel)] == ["start", "finish", "finish"]
+
+
+def test_a_numpy_prediction_is_recorded_and_an_unwritable_field_raises_nothing(in_a_kernel, capsys):
+    """reveal compares numpy scalars to a numpy.bool_, which JSON cannot hold: reveal records a bool, and
+    record() drops an event it cannot write instead of raising in the learner's lesson."""
+    assert reveal(Prediction("How many?", None, "x", 3.0), np.float64(3.5), why="because") is True
+    assert progress.read_events(in_a_kernel)[-1]["held"] is True
+    progress.record("prediction", question="Which?", held=np.bool_(True))
+    assert len(progress.read_events(in_a_kernel)) == 1
+
+
+def test_the_cell_hook_never_raises(in_a_kernel, monkeypatch):
+    callbacks = []
+    shell = SimpleNamespace(user_ns={}, events=SimpleNamespace(register=lambda name, fn: callbacks.append(fn)))
+    progress.watch(shell)
+    (after_cell,) = callbacks
+
+    def broken(*args, **kwargs):
+        raise KeyError("broken")
+    monkeypatch.setattr(progress, "record", broken)
+    after_cell(SimpleNamespace(success=True, info=None))            # the start: record raises
+    monkeypatch.setattr(progress, "is_last_code_cell", broken)
+    after_cell(SimpleNamespace(success=True, info=None))            # the finish's test raises
+    after_cell(None)                                                # not an ExecutionResult
+
+
+def test_a_notebook_jupyter_does_not_name_is_the_one_the_colab_cell_names(monkeypatch):
+    shell = SimpleNamespace(user_ns={})
+    monkeypatch.delenv(progress.NOTEBOOK_ENV, raising=False)
+    assert progress.notebook_of(shell) == progress.UNKNOWN_NOTEBOOK
+    monkeypatch.setenv(progress.NOTEBOOK_ENV, "notebooks/01_topic.ipynb")
+    assert progress.notebook_of(shell) == "notebooks/01_topic.ipynb"
+    shell.user_ns["__session__"] = "/home/learner/course/notebooks/01_topic.ipynb"   # Jupyter's name first
+    assert progress.notebook_of(shell) == shell.user_ns["__session__"]
+
+
+@pytest.mark.parametrize("named, entry", [
+    ("/home/learner/course/notebooks/01_topic.ipynb", "01_topic"),   # JupyterLab: absolute
+    ("course/notebooks/01_topic.ipynb", "01_topic"),                 # relative to the server root
+    ("notebooks/01_topic.ipynb", "01_topic"),                        # the repository path (Colab)
+    ("labs/01_lab.ipynb", "01_lab"),                                 # a lab's student copy
+])
+def test_the_summary_matches_each_way_a_notebook_is_named(named, entry):
+    events = [{**event(kind, entry), "notebook": named} for kind in ("start", "finish")]
+    summary = progress.summarize(events, ENTRIES, EXERCISES)
+    assert next(n for n in summary["notebooks"] if n["id"] == entry)["status"] != "opened"
+    assert summary["other_notebooks"] == {}
+
+
+LESSON_00 = REPO / "notebooks" / "00_start_here.ipynb"
+
+
+def last_code_cell(path: Path) -> str:
+    return [c.source for c in notebooks.read(path).cells if c.cell_type == "code" and c.source.strip()][-1]
+
+
+@pytest.mark.parametrize("cwd, named", [
+    ("notebooks", "notebooks/00_start_here.ipynb"),             # Colab: the clone's notebook folder, LABS_NOTEBOOK
+    ("notebooks", "course/notebooks/00_start_here.ipynb"),      # relative to a server started above the clone
+    (None, "notebooks/00_start_here.ipynb"),                    # any folder: from the repository root
+])
+def test_the_last_cell_is_found_however_the_notebook_is_named(monkeypatch, tmp_path, cwd, named):
+    monkeypatch.chdir(REPO / cwd if cwd else tmp_path)
+    assert progress.notebook_file(named).resolve() == LESSON_00
+    assert progress.is_last_code_cell(named, SimpleNamespace(raw_cell=last_code_cell(LESSON_00), cell_id=None))
+
+
+def test_lesson_00_records_its_finish_before_its_summary(in_a_kernel, monkeypatch, capsys):
+    """show_progress() runs in lesson 00's last code cell, before that cell's own finish is recorded."""
+    assert "show_progress()" in last_code_cell(LESSON_00)
+    monkeypatch.setattr(progress, "current_notebook", lambda: str(LESSON_00))
+    progress.show_progress()
+    assert re.search(r"00_start_here +ran fully", capsys.readouterr().out)
+    assert [e["event"] for e in progress.read_events(in_a_kernel)] == ["finish"]
 
 
 def test_show_progress_in_a_headless_run_prints_one_fixed_line(monkeypatch, capsys):
