@@ -124,15 +124,18 @@ gpu-check-env: setup
 	$(BIN)/python -m helpers.runner.gpu_check verify runs/gpu-check
 
 # The Colab cell (helpers/colab.py) in a venv holding only PyPI's torch 2.10.0, a CUDA build like Colab's:
-# the cell runs with a stand-in google.colab module, cloning this repository's committed HEAD into a
-# temporary folder; then helpers imports from the clone, torch is still 2.10.0, torchao and torchdata are
-# the versions helpers/colab.py matches to it, and `python -m helpers doctor` runs.
+# lesson 00's cell runs with a stand-in google.colab module, cloning this repository's committed HEAD into a
+# temporary folder; then helpers imports from the clone, the kernel works in the clone's notebooks/, torch is
+# still 2.10.0, torchao and torchdata are the versions helpers/colab.py matches to it and import beside it, a
+# second set-up finds everything done, and `python -m helpers doctor` runs. A torch with a local version, as
+# Colab's: COLAB_TORCH=2.10.0+cu126 COLAB_TORCH_INDEX=https://download.pytorch.org/whl/cu126 make colab-check
 COLAB_TORCH ?= 2.10.0
+COLAB_TORCH_INDEX ?=
 COLAB_SOURCE ?= file://$(CURDIR)
 colab-check:
 	rm -rf .venv-colab && $(PYTHON) -m venv .venv-colab
 	.venv-colab/bin/python -m pip install -q --retries 10 --upgrade pip
-	.venv-colab/bin/python -m pip install -q $(PIP_RESUME) torch==$(COLAB_TORCH)
+	.venv-colab/bin/python -m pip install -q $(PIP_RESUME) $(if $(COLAB_TORCH_INDEX),--index-url $(COLAB_TORCH_INDEX)) torch==$(COLAB_TORCH)
 	.venv-colab/bin/python -m helpers.colab check $(COLAB_SOURCE) $(COLAB_TORCH)
 
 lab: setup

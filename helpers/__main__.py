@@ -194,14 +194,16 @@ def _sync_twins(args) -> int:
 
 def _write_colab_cells(args) -> int:
     """notebooks colab-cell [PATHS]: the Colab set-up cell (helpers/colab.py, with pyproject.toml's repository
-    URL) as the first code cell of each notebook (default: every manifest entry), then the labs' student copies."""
+    URL and the path a learner opens) as the first code cell of each notebook (default: every manifest entry),
+    then the labs' student copies."""
     from helpers import colab, manifest, notebooks
-    source = colab.cell_source()
+    url = colab.repository_url()
     paths = [Path(p).with_suffix(".ipynb") for p in args.paths] or [manifest.REPO / e["path"] for e in manifest.entries()]
     labs = []
     for path in paths:
         nb = notebooks.read(path)
-        changed = colab.with_cell(nb, source)
+        opened = colab.learner_path(path.resolve().relative_to(manifest.REPO).as_posix())
+        changed = colab.with_cell(nb, colab.cell_source(url, opened))
         if changed:
             notebooks.write(nb, path)
         print(f"{path}: {'Colab cell written' if changed else 'unchanged'}")

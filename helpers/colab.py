@@ -1,51 +1,61 @@
 """Colab: the first code cell of every notebook, and the set-up it runs beside Colab's own torch.
 
 Colab ships its own CUDA build of torch. The cell (CELL_TEMPLATE, written into every notebook by
-`python -m helpers notebooks colab-cell` with the repository URL of pyproject.toml's [project.urls])
-does nothing outside Colab; in Colab it clones the repository once and runs `python -m helpers.colab
-setup` there, which installs this package without touching torch, then torchao and torchdata at the
-versions MATCHED to the torch it finds. `helpers.device` then says which sections skip, and why.
+`python -m helpers notebooks colab-cell` with the repository URL of pyproject.toml's [project.urls] and the
+path a learner opens) does nothing outside Colab; in Colab it clones the repository once, runs `python -m
+helpers.colab setup` there, which installs this package without letting pip resolve torch, then torchao and
+torchdata at the versions MATCHED to the torch it finds, and moves into the notebook's own folder of the
+clone. `helpers.device` then says which sections skip, and why.
 
 Standard library only, and no torch import: this runs from a fresh clone before anything is installed.
 """
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlparse
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "pytorch-210-labs"
 CELL_TAG = "colab-setup"
 SOURCE_ENV, FOLDER_ENV = "LABS_COLAB_SOURCE", "LABS_COLAB_DIR"   # overrides, for the CI check of the cell
+NOTEBOOK_ENV = "LABS_NOTEBOOK"    # the notebook's repository path, for helpers.progress: Colab names none
+TARGET_TORCH = (2, 10)
 
-# torch minor version -> (torchao, torchdata) installed beside it. Each row is a torch of the environments
-# matrix, with that environment's pins (tests/test_colab.py holds the table to environments/*.txt); torchao's
-# binaries are built per torch (0.16.0's for 2.10.0 only; 0.17.0 and later load on torch >= 2.11).
+# package -> {torch minor version: the version installed beside it}. Each package has rows of its own, so a
+# torch may get one package and not the other; every row is a torch of the environments matrix, with that
+# environment's pin (tests/test_colab.py holds the tables to environments/*.txt). torchao's binaries are built
+# per torch (0.16.0's for 2.10.0 only; 0.17.0 and later load on torch >= 2.11); torchdata is pure Python.
 MATCHED = {
-    "2.10": ("0.16.0", "0.11.0"),   # cuda, rocm, xpu (free-threaded: torchdata only)
-    "2.13": ("0.18.0", "0.11.0"),   # cpu (minimal: neither)
-    "2.14": ("0.18.0", "0.11.0"),   # latest
+    "torchao": {"2.10": "0.16.0", "2.13": "0.18.0", "2.14": "0.18.0"},
+    "torchdata": {"2.10": "0.11.0", "2.13": "0.11.0", "2.14": "0.11.0"},
 }
 
 CELL_TEMPLATE = '''\
-# Colab only (elsewhere this cell does nothing): clone the course, install it beside Colab's own torch
-# with torchao and torchdata matched to that torch, and work from the clone.
+# Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
+# with torchao and torchdata matched to that torch, and work from this notebook's folder of the clone.
 import sys
 
 if "google.colab" in sys.modules:
     import os
+    import shutil
     import subprocess
     clone = os.environ.get("{folder_env}", "/content/{name}")
-    if not os.path.isdir(clone):
+    if not os.path.isdir(os.path.join(clone, ".git")):
+        shutil.rmtree(clone, ignore_errors=True)   # a clone cut short
         source = os.environ.get("{source_env}", "{url}")
         subprocess.run(["git", "clone", "--depth", "1", source, clone], check=True)
     subprocess.run([sys.executable, "-m", "helpers.colab", "setup"], cwd=clone, check=True)
-    os.chdir(clone)
-    sys.path.insert(0, clone)
+    if clone not in sys.path:
+        sys.path.insert(0, clone)
+    os.environ["{notebook_env}"] = "{path}"   # this notebook, for the progress log
+    os.chdir(os.path.join(clone, "{folder}"))
 '''
 
 
@@ -55,10 +65,19 @@ def repository_url(pyproject: Path = REPO / "pyproject.toml") -> str:
     return tomllib.loads(pyproject.read_text())["project"]["urls"]["Repository"]
 
 
-def cell_source(url: str | None = None) -> str:
-    url = url or repository_url()
+def learner_path(path: str) -> str:
+    """The repository path a learner opens for the notebook at `path`: a lab solution's student copy
+    (labs/NN_topic_lab.ipynb for labs/solutions/NN_topic_lab.ipynb), any other notebook itself."""
+    posix = PurePosixPath(path)
+    return str(posix.parent.parent / posix.name) if posix.parent.name == "solutions" else path
+
+
+def cell_source(url: str, path: str) -> str:
+    """The cell of the notebook a learner opens at repository path `path`, cloning `url`."""
     name = url.rstrip("/").removesuffix(".git").rsplit("/", 1)[-1]
-    return CELL_TEMPLATE.format(url=url, name=name, source_env=SOURCE_ENV, folder_env=FOLDER_ENV).rstrip("\n")
+    return CELL_TEMPLATE.format(url=url, name=name, source_env=SOURCE_ENV, folder_env=FOLDER_ENV,
+                                notebook_env=NOTEBOOK_ENV, path=path,
+                                folder=PurePosixPath(path).parent).rstrip("\n")
 
 
 def with_cell(nb, source: str):
@@ -83,77 +102,139 @@ def installed(name: str) -> str | None:
         return None
 
 
+def editable_from(clone: Path) -> bool:
+    """Whether PACKAGE is installed editable from `clone`: pip's record of it (direct_url.json) in any of its
+    metadata folders on the path (the clone's own egg-info folder, which records nothing, may come first)."""
+    for distribution in importlib.metadata.distributions(name=PACKAGE):
+        record = json.loads(distribution.read_text("direct_url.json") or "{}")
+        url = urlparse(record.get("url", ""))
+        if (record.get("dir_info", {}).get("editable") and url.scheme == "file"
+                and Path(unquote(url.path)).resolve() == Path(clone).resolve()):
+            return True
+    return False
+
+
 def minor(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-def matched(torch_version: str) -> tuple[str, str] | None:
-    return MATCHED.get(minor(torch_version))
+def matched(torch_version: str) -> dict[str, str | None]:
+    """{package: the version MATCHED to this torch, or None where its table has no row for it}."""
+    return {name: rows.get(minor(torch_version)) for name, rows in MATCHED.items()}
+
+
+def older_than_target(torch_version: str) -> bool:
+    return tuple(int(part) for part in minor(torch_version).split(".")) < TARGET_TORCH
+
+
+def dependencies(clone: Path) -> list[str]:
+    """The package's [project] dependencies other than torch, as pyproject.toml of `clone` writes them."""
+    import tomllib
+    requirements = tomllib.loads((clone / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [r for r in requirements if re.match(r"[A-Za-z0-9._-]+", r).group().lower() != "torch"]
+
+
+def sections_needing(packages: list[str], clone: Path) -> list[str]:
+    """'id: section' for each section of helpers/manifest.json in `clone` that needs one of `packages`."""
+    items = json.loads((clone / "helpers" / "manifest.json").read_text())
+    return [f"{item['id']}: {section['name']}" for item in items for section in item["sections"]
+            if set(section["needs"]) & set(packages)]
+
+
+def older_torch_note(torch_version: str, missing: list[str], clone: Path) -> str:
+    """One line for a torch older than the course targets: what skips (the sections that need a package
+    this set-up leaves missing) and what may fail."""
+    target = ".".join(map(str, TARGET_TORCH))
+    skipping = (f"; the sections that need {' or '.join(missing)} skip "
+                f"({'; '.join(sections_needing(missing, clone))})" if missing else "")
+    return (f"torch {torch_version} is older than {target}, which this course targets: it is kept{skipping}; "
+            f"code that uses what {target} added may fail (!python -m helpers doctor lists what runs here)")
 
 
 def _pip(*args: str) -> int:
     return subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args]).returncode
 
 
+def install_matched(name: str, version: str | None, torch_version: str) -> None:
+    """One of MATCHED's packages at its version for this torch, without its dependencies (none may pull
+    another torch); a line says what happened. Without a version, or when pip fails, it is left as it was."""
+    if version is not None and installed(name) == version:
+        print(f"{name} {version}: already installed")
+    elif version is not None and _pip("--no-deps", f"{name}=={version}") == 0:
+        print(f"{name} {version}: installed, matched to torch {minor(torch_version)}")
+    else:
+        why = (f"pip failed to install {version} (its output is above)" if version is not None else
+               f"helpers/colab.py matches no version to torch {minor(torch_version)} (it knows "
+               f"{', '.join(MATCHED[name])})")
+        current = installed(name)
+        print(f"{name}: {why}; " + (f"{current} is kept" if current else
+                                    "not installed: the sections that need it skip and say why"))
+
+
 def setup(clone: Path = REPO) -> int:
-    """Install the package from `clone` beside the torch already installed, then torchao and torchdata at
-    the versions MATCHED to it; one line per step. Returns the exit status."""
+    """Install the package from `clone` beside the torch already installed (pip never resolves torch), then
+    torchao and torchdata at the versions MATCHED to it; one line per step, or one when a previous run did it
+    all. Returns the exit status."""
     torch_version = installed("torch")
     if torch_version is None:
         print("torch: not installed; install torch first (Colab ships one)")
         return 1
     print(f"torch {torch_version}: kept as installed")
-    # naming the installed torch pins it: pip resolves the package's other dependencies around it
-    if _pip("-e", str(clone), f"torch=={torch_version}") != 0:
+    wanted = matched(torch_version)
+    if older_than_target(torch_version):
+        missing = [name for name, version in wanted.items() if version is None and installed(name) is None]
+        print(older_torch_note(torch_version, missing, clone))
+    if editable_from(clone) and all(version in (None, installed(name)) for name, version in wanted.items()):
+        print(f"{PACKAGE}, torchao, torchdata: already set up from {clone}")
+        return 0
+    # the dependencies first: the editable install, made last, marks a finished set-up
+    if _pip(*dependencies(clone)) != 0 or _pip("--no-deps", "-e", str(clone)) != 0:
         print(f"{PACKAGE}: pip failed (its output is above)")
         return 1
     print(f"{PACKAGE}: installed from {clone} (editable), with its dependencies other than torch")
-    versions = matched(torch_version)
-    if versions is None:
-        print(f"torchao, torchdata: not installed: helpers/colab.py matches no versions to torch "
-              f"{minor(torch_version)} (it knows {', '.join(MATCHED)}); the sections that need them skip and say why")
-        return 0
-    wanted = dict(zip(("torchao", "torchdata"), versions))
-    if all(installed(name) == version for name, version in wanted.items()):
-        print(f"torchao {wanted['torchao']}, torchdata {wanted['torchdata']}: already installed")
-        return 0
-    # --no-deps: neither may pull another torch
-    if _pip("--no-deps", *(f"{name}=={version}" for name, version in wanted.items())) != 0:
-        print("torchao, torchdata: pip failed (its output is above)")
-        return 1
-    print(f"torchao {wanted['torchao']}, torchdata {wanted['torchdata']}: installed, matched to torch "
-          f"{minor(torch_version)}")
+    for name, version in wanted.items():
+        install_matched(name, version, torch_version)
     return 0
 
 
 # `make colab-check`: the cell as Colab runs it, in a fresh interpreter whose import path does not hold
-# this repository; then what it must have left behind.
+# this repository; then what it must have left behind, and a second run that finds it all done.
 CHECK_PROGRAM = '''\
-import importlib.metadata, subprocess, sys, types
+import importlib.metadata, os, subprocess, sys, types
 sys.modules["google.colab"] = types.ModuleType("google.colab")
 exec(compile({cell!r}, "colab-setup cell", "exec"))
 import helpers
 assert helpers.__file__.startswith({clone!r}), f"helpers imported from {{helpers.__file__}}, not the clone"
+assert os.path.realpath(os.getcwd()) == os.path.realpath({folder!r}), f"the cell left the kernel in {{os.getcwd()}}"
+assert os.environ[{notebook_env!r}] == {path!r}, f"{notebook_env} is {{os.environ[{notebook_env!r}]}}"
 found = {{name: importlib.metadata.version(name) for name in ("torch", "torchao", "torchdata")}}
 assert found == {wanted!r}, f"installed {{found}}, expected {wanted!r}"
-subprocess.run([sys.executable, "-m", "helpers", "doctor"], check=True)
 import torch
+import torchao, torchdata
+again = subprocess.run([sys.executable, "-m", "helpers.colab", "setup"], cwd={clone!r}, capture_output=True,
+                       text=True, check=True)
+assert "already set up" in again.stdout, f"a second run did more:\\n{{again.stdout}}"
+subprocess.run([sys.executable, "-m", "helpers", "doctor"], check=True)
 print(f"colab-check passed: torch {{torch.__version__}} kept, torchao {{found['torchao']}}, "
-      f"torchdata {{found['torchdata']}}, helpers from {{helpers.__file__}}")
+      f"torchdata {{found['torchdata']}} loaded beside it, helpers from {{helpers.__file__}}, "
+      f"working in {{os.getcwd()}}")
 '''
+CHECK_NOTEBOOK = "notebooks/00_start_here.ipynb"
 
 
-def check(source: str, torch_version: str) -> int:
-    """Run the cell with a stand-in google.colab module in this interpreter's environment (which holds only
-    torch `torch_version`), cloning `source` into a temporary folder; returns the exit status."""
+def check(source: str, torch_version: str, path: str = CHECK_NOTEBOOK) -> int:
+    """Run the cell of the notebook at `path` with a stand-in google.colab module in this interpreter's
+    environment (which holds only torch `torch_version`), cloning `source` into a temporary folder; returns
+    the exit status."""
     versions = matched(torch_version)
-    if versions is None:
-        print(f"colab-check: helpers/colab.py matches no torchao and torchdata to torch {torch_version}")
+    if None in versions.values():
+        print(f"colab-check: helpers/colab.py matches no torchao or torchdata to torch {torch_version}")
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         clone = os.path.join(tmp, "clone")
-        wanted = {"torch": torch_version, "torchao": versions[0], "torchdata": versions[1]}
-        program = CHECK_PROGRAM.format(cell=cell_source(), clone=clone, wanted=wanted)
+        program = CHECK_PROGRAM.format(
+            cell=cell_source(repository_url(), path), clone=clone, path=path, notebook_env=NOTEBOOK_ENV,
+            folder=os.path.join(clone, str(PurePosixPath(path).parent)), wanted={"torch": torch_version, **versions})
         env = {**os.environ, SOURCE_ENV: source, FOLDER_ENV: clone}
         return subprocess.run([sys.executable, "-c", program], cwd=tmp, env=env).returncode
 

@@ -10,20 +10,24 @@
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the config names and the dispatch rule were read in the 2.10.0 and 2.13.0 wheels (`torch/_inductor/config.py`, `torch/_inductor/codegen/triton_combo_kernel.py`), and cells print them from the torch you run; combo kernels came in 2.5: foreach cases in pytorch#124969, the automatic horizontal fusion that `combo_kernels=True` turns on in #131675 (relanded as #133291) |
 
 # %% tags=["colab-setup"]
-# Colab only (elsewhere this cell does nothing): clone the course, install it beside Colab's own torch
-# with torchao and torchdata matched to that torch, and work from the clone.
+# Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
+# with torchao and torchdata matched to that torch, and work from this notebook's folder of the clone.
 import sys
 
 if "google.colab" in sys.modules:
     import os
+    import shutil
     import subprocess
     clone = os.environ.get("LABS_COLAB_DIR", "/content/pytorch-210-labs")
-    if not os.path.isdir(clone):
+    if not os.path.isdir(os.path.join(clone, ".git")):
+        shutil.rmtree(clone, ignore_errors=True)   # a clone cut short
         source = os.environ.get("LABS_COLAB_SOURCE", "https://github.com/pytorch-210-labs/pytorch-210-labs")
         subprocess.run(["git", "clone", "--depth", "1", source, clone], check=True)
     subprocess.run([sys.executable, "-m", "helpers.colab", "setup"], cwd=clone, check=True)
-    os.chdir(clone)
-    sys.path.insert(0, clone)
+    if clone not in sys.path:
+        sys.path.insert(0, clone)
+    os.environ["LABS_NOTEBOOK"] = "notebooks/02_horizontal_fusion_deep_dive.ipynb"   # this notebook, for the progress log
+    os.chdir(os.path.join(clone, "notebooks"))
 
 # %% tags=["parameters"]
 QUICK = False          # quick mode: small sizes, for CI and a first look (papermill: -p QUICK True)
