@@ -13,7 +13,8 @@ from helpers.manifest import entries
 
 REPO = Path(__file__).resolve().parent.parent
 BINDER = REPO / "binder"
-TEST_ONLY = {"jupyter-repo2docker", "playwright", "jupytext", "ruff"}   # tools of the tests and authors, not of the lessons
+# tools of the tests, the authors and the course website, not of the lessons
+TEST_ONLY = {"jupyter-repo2docker", "playwright", "jupytext", "ruff", "sphinx", "myst-nb", "sphinx-book-theme"}
 
 
 def pins(path: Path) -> dict[str, str]:

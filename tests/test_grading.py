@@ -93,7 +93,7 @@ def graded(tmp_path_factory):
     (subs / "malformed").mkdir()
     (subs / "malformed" / "lab.ipynb").write_text("{ not a notebook")
     out = tmp_path_factory.mktemp("graded")
-    # the sleeping hang costs its cell (3x its 10 s CPU limit + 15 s of wall time) and its first case (21 s)
+    # the sleeping hang costs its cell (5x its 10 s CPU limit + 15 s of wall time) and its first case (25 s)
     result = grade_submissions("00_warmup_lab", subs, out_dir=out, workers=2, time_limit=180, seed=1234)
     return result, out
 
