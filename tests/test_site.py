@@ -215,6 +215,11 @@ def test_every_page_renders_with_provenance_launch_links_and_no_serious_accessib
                 if labels != ["Open in Colab", "Launch on Binder", "Download the notebook"]:
                     problems.append(f"{path}: launch links {labels}")
                 figures = page.locator("figure.plotly-figure").count()
+                unlabelled = page.eval_on_selector_all(
+                    "figure.plotly-figure", "fs => fs.filter(f => !f.getAttribute('aria-label') || "
+                    "!(f.querySelector('figcaption') || {}).textContent).length")
+                if unlabelled:
+                    problems.append(f"{path}: {unlabelled} figure(s) without a title or a text alternative")
                 if figures:
                     page.wait_for_function(f"document.querySelectorAll('figure.plotly-figure .main-svg').length"
                                            f" >= {figures}", timeout=30_000)

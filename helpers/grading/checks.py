@@ -88,6 +88,10 @@ def forbidden_code(forbidden) -> dict:
     return keys
 
 
+THREAD_STARTS = ((threading, "_start_new_thread"), (_thread, "start_new_thread"),
+                 (threading, "_start_joinable_thread"), (_thread, "start_joinable_thread"))
+
+
 class _TorchNames(torch.overrides.TorchFunctionMode):
     def __init__(self, names: set):
         super().__init__()
@@ -148,17 +152,19 @@ def record_calls(run: Callable[[], object], forbidden) -> tuple[object, list[str
                 return function(*args, **kwargs)
         return on_thread
 
-    starts = (threading._start_new_thread, _thread.start_new_thread)
+    # what starts a thread: start_new_thread, and from Python 3.13 on start_joinable_thread (which threading uses)
+    starts = {(module, name): getattr(module, name) for module, name in THREAD_STARTS if hasattr(module, name)}
     work_item_run = futures_thread._WorkItem.run
 
-    def start_new_thread(function, args, kwargs=None):
-        return starts[1](recorded(function), args, kwargs or {})
+    def recording_start(start):
+        return lambda function, *args, **kwargs: start(recorded(function), *args, **kwargs)
 
     def run_work_item(item):   # a thread pool's worker started before the call
         return recorded(work_item_run)(item)
 
     previous = sys.getprofile()
-    threading._start_new_thread = _thread.start_new_thread = start_new_thread
+    for (module, name), start in starts.items():
+        setattr(module, name, recording_start(start))
     futures_thread._WorkItem.run = run_work_item
     if codes:
         sys.setprofile(profile)
@@ -172,7 +178,8 @@ def record_calls(run: Callable[[], object], forbidden) -> tuple[object, list[str
         else:
             value = run()
     finally:
-        threading._start_new_thread, _thread.start_new_thread = starts
+        for (module, name), start in starts.items():
+            setattr(module, name, start)
         futures_thread._WorkItem.run = work_item_run
         if codes:
             sys.setprofile(previous)
