@@ -122,7 +122,8 @@ def test_csv_and_feedback_files(graded):
     stubborn = (out / "feedback" / "stubborn_hang.md").read_text()
     assert "the function ran past the time limit and was stopped" in stubborn   # the hard limit, in a call
     cheat = (out / "feedback" / "uses_torch_softmax.md").read_text()
-    assert "calls _softmax, softmax, which this exercise asks you to write yourself" in cheat
+    assert "calls _softmax, softmax, refused in this exercise under any name" in cheat
+    assert "Hint: torch's softmax is the function you are writing, and it gives NaN on a fully masked row" in cheat
 
 
 def test_adversarial_attempts_are_refused_and_flagged(graded):

@@ -777,7 +777,7 @@ def predicted_second_solution():
     return counts
 
 
-FORBIDDEN_HINT = "asks you to write yourself"   # in judge_case's line for a forbidden call, and in the case hints
+FORBIDDEN_HINT = "refused in this exercise under any name"   # judge_case's line for a forbidden call
 
 # --- Lab 03: MoE ---------------------------------------------------------------------------------
 
@@ -2549,7 +2549,7 @@ LEARNER_VIEW_09 = [
     ("paired_interval", "ddof-0", paired_ddof0, "the interval's width"),
     ("paired_interval", "k-degrees", paired_k_df, "the interval's width"),
     ("paired_interval", "t-at-0.95", paired_t95, "the interval's width"),
-    ("paired_interval", "calls-stats", paired_calls_stats, "what this exercise asks you to write yourself"),
+    ("paired_interval", "calls-stats", paired_calls_stats, "stats.paired_interval is the function you are writing"),
     ("decide", "detectable-first", decide_detectable_first, "the interval decides first"),
     ("decide", "floor-on-interval", decide_floor_on_interval, "not to the interval's end"),
     ("decide", "one-minus-floor", decide_one_minus_floor, "not 1 - MIN_CHANGE"),
@@ -2610,7 +2610,7 @@ WRONG = [
     Wrong(L00, "softmax", "global-max", softmax_global_max, "huge values (1e4) do not overflow",
           "subtract the maximum first"),
     Wrong(L00, "softmax", "float32", softmax_float32, "float64 keeps its dtype", "do not convert to float32"),
-    Wrong(L00, "softmax", "calls-torch", softmax_calls_torch, "large values, last dim", "subtract x.amax"),
+    Wrong(L00, "softmax", "calls-torch", softmax_calls_torch, "large values, last dim", FORBIDDEN_HINT),
     Wrong(L00, "softmax", "unmasked", softmax_unmasked, "a fully masked row gives zeros", "Not NaN"),
     Wrong(L00, "softmax", "finite-mask", softmax_finite_mask, "a fully masked row gives zeros", "and not 1/n"),
     Wrong(L00, "softmax", "fixed-device", softmax_fixed_device,
@@ -2657,7 +2657,7 @@ WRONG = [
     Wrong(L01, "ordered_map", "one-shared-rng", ordered_map_one_rng,
           "item i is seeded with data.item_generator(seed, i)", "a new generator per item"),
     Wrong(L01, "ordered_map", "calls-thread-map", ordered_map_thread_map, "`workers` calls run at once",
-          "fewer calls ran at once"),
+          FORBIDDEN_HINT),
 
     Wrong(L02, "combo_grid", "floor", combo_grid_floor, "the example", "(n + block - 1) // block"),
     Wrong(L02, "combo_grid", "plus-one", combo_grid_plus_one, "exact multiples", "exactly k*block elements"),
@@ -2985,7 +2985,7 @@ WRONG = [
           "with k - 1 degrees of freedom"),
     Wrong(L09, "paired_interval", "t-at-0.95", paired_t95, f"{SIX_ROUNDS}: the 95% interval", "the 97.5% quantile"),
     Wrong(L09, "paired_interval", "calls-stats", paired_calls_stats,
-          "written without stats.paired_interval or stats.compare_figure", "write yourself"),
+          "written without stats.paired_interval or stats.compare_figure", FORBIDDEN_HINT),
     Wrong(L09, "paired_interval", "normal-quantile", paired_z, "3 pairs: the 95% interval", "not the normal 1.96"),
     Wrong(L09, "paired_interval", "ddof-0", paired_ddof0, "3 pairs: the 95% interval", "k - 1 in its denominator"),
     Wrong(L09, "paired_interval", "arithmetic-means", paired_arithmetic, f"{SIX_ROUNDS}: the gain",
@@ -3101,7 +3101,8 @@ def test_wrong_answer_fails_with_its_hint(w, request):
         assert any(w.hint in p for p in failures.values()), failures
         return
     case = next(c for c in cases if c.name == w.case)
-    assert w.hint in case.hint or w.hint == MATCH_HINT, f"the table's hint is not the case's: {case.hint!r}"
+    assert w.hint in case.hint or w.hint in (MATCH_HINT, FORBIDDEN_HINT), \
+        f"the table's hint is not the case's: {case.hint!r}"
     caught = w.case in failures and w.hint in failures[w.case]
     if w.known:              # caught elsewhere, or caught without its hint: an xfail until that is fixed
         assert not caught, f"{w.id} is now caught with its hint: drop known= ({w.known})"

@@ -43,6 +43,8 @@ class Exercise:
     forbidden: tuple[str, ...] = ()    # what the exercise asks the student to write without: torch function
                                        # and aten op names (softmax, _softmax), or dotted paths of Python
                                        # functions and classes (helpers.moe.permute, torch.compile)
+    refused: str = ""                  # why they are refused, and what the exercise wants instead: the hint
+                                       # of a case that reached one of them
 
 
 @dataclass(frozen=True)
@@ -118,9 +120,11 @@ def _rms_norm_reference(x, weight, eps=1e-6):
 
 SPECS: dict[str, LabSpec] = {
     "00_warmup_lab": LabSpec("00_warmup_lab", (
-        Exercise("Exercise 1: softmax", "softmax", _softmax_cases, _softmax_reference, forbidden=SOFTMAX),
+        Exercise("Exercise 1: softmax", "softmax", _softmax_cases, _softmax_reference, forbidden=SOFTMAX,
+                 refused="torch's softmax is the function you are writing, and it gives NaN on a fully masked row: build yours from exp, a max and a sum, and decide that row yourself"),
         Exercise("Exercise 2: rms_norm", "rms_norm", _rms_norm_cases, _rms_norm_reference,
-                 forbidden=("rms_norm", "_fused_rms_norm")),
+                 forbidden=("rms_norm", "_fused_rms_norm"),
+                 refused="torch's rms_norm is the function you are writing: take the mean of the squares yourself, with eps and the weight"),
     )),
 }
 
@@ -345,8 +349,7 @@ def _permute(x, expert_ids, num_experts):
 
 def _permute_cases(gen):
     order = ("order sorts the flattened (token, slot) positions by expert; among positions with the same expert "
-             "the earlier one comes first. A plain sort may swap equal keys: ask the sort to keep ties in order. "
-             "(helpers.moe.permute is refused: it is what this exercise asks you to write yourself)")
+             "the earlier one comes first. A plain sort may swap equal keys: ask the sort to keep ties in order")
     rows = ("xs row i is the token of flattened position order[i]: with k slots per token, position p belongs to "
             "token p // k (slot p % k); reread how a [T, k] tensor is flattened")
     ends = ("offs[e] is the number of rows of experts 0..e together (where expert e's rows END), one entry per "
@@ -431,8 +434,7 @@ def _expert_ffn(xs, params, offs):
 
 def _expert_ffn_cases(gen):
     from helpers.moe import offsets_from_counts, skewed_counts
-    hint = ("up-projection, GELU, down-projection, each expert on its own rows only (no padding: a padded bmm "
-            "is what this exercise asks you to write yourself without)")
+    hint = ("up-projection, GELU, down-projection, each expert on its own rows only (no padding)")
     cases = []
     for rows, experts, skew, hidden in ((64, 4, 2.0, False), (48, 6, 0.0, True), (30, 5, 6.0, True)):
         params = {"w_up": torch.randn(experts, 16, 32, generator=gen) / 4,
@@ -519,8 +521,7 @@ def _backward(ctx, grad):
 
 def _backward_cases(gen):
     hint = ("out = g * s * up with s = sigmoid(g) and ds/dg = s * (1 - s): d/dgate is the product rule on g * s, "
-            "times up; d/dup is silu(g); multiply both by grad and return them in schema order (gate, up). "
-            "silu and silu_backward are refused: the formula is what this exercise asks you to write yourself")
+            "times up; d/dup is silu(g); multiply both by grad and return them in schema order (gate, up)")
     r = lambda *shape, dtype=torch.float32: torch.randn(*shape, generator=gen, dtype=dtype)   # noqa: E731
     return [
         Case("gradients of gate and up", (r(4, 6) * 3, r(4, 6), r(4, 6)), call="backward_of", hint=hint),
@@ -618,8 +619,7 @@ def _quantize_weight_cases(gen):
     zero[3] = 0
     return [
         Case("one fp32 scale per row", (w,), call="second", hint="a row's scale maps its largest magnitude to "
-             "qmax: reduce over the inputs (the last dim), one value per output row, not one for the tensor. torch's "
-             "quantizers are refused: this exercise asks you to write yourself what they do"),
+             "qmax: reduce over the inputs (the last dim), one value per output row, not one for the tensor"),
         Case("codes, within 1 of round(w / scale)", (w,), call="first_as_float", atol=1.0, rtol=0, hint=codes),
         Case("codes are torch.int8", (w,), call="dtype_of_first", hint="convert with .to(torch.int8)"),
         Case("codes are rounded, not truncated", (torch.tensor([[127.0, 10.75, -20.75, 3.25, -0.75, 0.25]]),),
@@ -698,9 +698,8 @@ def _quantize_model_cases(gen):
     seed = int(torch.randint(0, 1000, (), generator=gen))
     return [
         Case("every nn.Linear replaced", (64, seed), call="linears_left", expected=0, expect_value=True,
-             hint="walk named_children() recursively and setattr each nn.Linear to MyInt8Linear(child); "
-                  "library quantizers (torch.ao's quantize_dynamic, helpers.quant's layer and swap) are refused: "
-                  "the walk is what this exercise asks you to write yourself"),
+             hint="a Linear inside a child module (a Sequential, a block) is a Linear too: the walk must reach "
+                  "every level, and replace each one where its parent holds it"),
         Case("the fp32 model is left untouched", (64, seed), call="original_untouched", expected=True,
              expect_value=True, hint="copy.deepcopy(model) first, then replace the copy's layers"),
         Case("argmax agrees with fp32 on 97% of inputs", (64, seed, 500), call="agreement_with_fp32", expected=True,
@@ -914,7 +913,7 @@ def _predicted_cases(gen):
     depth = 2 + depth % 3
     return [
         Case("float32, every layer trainable", (32, 3, 0, "float32"), call="predict_for",
-             hint=adam + " (the profiler is refused: the prediction is what this exercise asks you to write yourself)"),
+             hint=adam),
         Case("the first 2 layers frozen", (32, 3, 2, "float32"), call="predict_for", hint=frozen),
         Case("bfloat16 parameters", (48, 2, 1, "bfloat16"), call="predict_for", hint=dtype),
         Case("bfloat16, another model", (width, depth, 1, "bfloat16"), call="predict_for", hidden=True, hint=dtype),
@@ -943,8 +942,7 @@ def _keep_policy_cases(gen):
     cases = [
         Case("no matmul recomputed in backward (width 32, 3 blocks, batch 128)", (32, 3, 128),
              call="matmul_flops_recomputed", expected=0, expect_value=True,
-             hint=recomputes + " (memory.save_matmuls is refused: the policy is what this exercise asks you to "
-                               "write yourself)"),
+             hint=recomputes),
         Case("fewer bytes kept than save_matmuls (width 32, 3 blocks, batch 128)", (32, 3, 128),
              call="keeps_fewer_bytes_than_save_matmuls", expected=True, expect_value=True, hint=too_much),
     ]
@@ -1138,7 +1136,7 @@ def _export_cases(gen):
     return [
         Case("export accepts the batch as dynamic (a loop-free forward)", (seed, 8), call="export_specialised_the_batch",
              expected=False, expect_value=True,
-             hint=loop + " (torch.jit is refused: the export is what this exercise asks you to write yourself)"),
+             hint=loop),
         Case("returns the loaded module (callable)", (seed, 8), call="returns_a_module", expected=True,
              expect_value=True, hint=("return what .module() of the loaded program gives: an ExportedProgram "
                                       "itself cannot be called")),
@@ -1159,18 +1157,24 @@ SPECS.update({spec.lab: spec for spec in (
         Exercise("Exercise 1: augment", "augment", _augment_cases, augment),
         Exercise("Exercise 2: ordered_map", "ordered_map", _ordered_map_cases, _ordered_map,
                  forbidden=("helpers.data.thread_map", "helpers.data.serial_map", "helpers.data.dataloader",
-                            "helpers.data.nodes_loader")),
+                            "helpers.data.nodes_loader"),
+                 refused="the helpers' loaders are lesson 01's answers to this question: start the threads yourself "
+                         "and decide how far ahead of the consumer they may read"),
     )),
     LabSpec("02_fusion_lab", (
         Exercise("Exercise 1: combo_grid", "combo_grid", _combo_grid_cases, _combo_grid,
-                 forbidden=("helpers.fusion.combo_grid",)),
+                 forbidden=("helpers.fusion.combo_grid",),
+                 refused="helpers.fusion.combo_grid sizes the grid for you: derive each part's programs from its size and the block"),
         Exercise("Exercise 2: the combo kernel's dispatch", "launch_three_part", _combo_launch_cases, _combo_reference,
-                 forbidden=("helpers.fusion.combo_reference", "helpers.fusion.combo_launch")),
+                 forbidden=("helpers.fusion.combo_reference", "helpers.fusion.combo_launch"),
+                 refused="the helpers' combo kernel and launcher are the kernel this exercise builds: your kernel finds its part from its own program id"),
         Exercise("Exercise 3: plan the combo launch", "plan_combo_launch", _combo_plan_cases, _combo_plan,
                  forbidden=("helpers.fusion.inductor_combo_dispatch_strategy", "helpers.fusion.combo_dispatch_strategy",
                             "helpers.fusion.combo_utilization", "helpers.fusion.round_robin_grid",
                             "helpers.fusion.inductor_dispatch_code",
-                            "torch._inductor.codegen.triton_combo_kernel.ComboKernel")),
+                            "torch._inductor.codegen.triton_combo_kernel.ComboKernel"),
+                 refused="these helpers and Inductor's ComboKernel make the decision for you: apply Inductor's rule "
+                         "to the sizes yourself"),
         Exercise("Exercise 4: predicted kernel counts", "predicted_kernel_functions",
                  lambda gen: [Case("the four functions", (), call="sealed_counts",
                                    hint="the name in brackets is a function you predicted wrong (both counts shown "
@@ -1180,23 +1184,30 @@ SPECS.update({spec.lab: spec for spec in (
                                         "without running torch.compile")],
                  _kernel_counts,
                  forbidden=("helpers.fusion.inspect_compiled", "torch.compile",
-                            "torch._inductor.utils.run_and_get_code")),
+                            "torch._inductor.utils.run_and_get_code"),
+                 refused="compiling and counting measures the answer instead of predicting it: predict from each "
+                         "function's operations and what Inductor generates itself"),
     ), allow_processes=True),
     LabSpec("03_moe_lab", (
         Exercise("Exercise 1: permute_tokens", "permute_tokens", _permute_cases, _permute,
-                 forbidden=("helpers.moe.permute",)),
+                 forbidden=("helpers.moe.permute",),
+                 refused="helpers.moe.permute is the permutation you are writing: sort the positions by expert and count each expert's rows yourself, without reading a count back to the CPU"),
         Exercise("Exercise 2: fallback_grouped_gemm", "fallback_grouped_gemm", _fallback_cases, _fallback,
                  forbidden=("grouped_mm", "_grouped_mm", "bmm", "baddbmm", "helpers.moe.loop_gemm",
-                            "helpers.moe.grouped_gemm", "helpers.moe.triton_gemm", "helpers.moe.padded_bmm")),
+                            "helpers.moe.grouped_gemm", "helpers.moe.triton_gemm", "helpers.moe.padded_bmm"),
+                 refused="grouped_mm, bmm and the helpers' GEMMs are what this fallback stands in for: give each "
+                         "expert one matmul on its own rows"),
         Exercise("Exercise 3: expert_ffn without padding", "expert_ffn", _expert_ffn_cases, _expert_ffn,
-                 forbidden=("bmm", "baddbmm", "helpers.moe.padded_bmm", "helpers.moe.moe_layer")),
+                 forbidden=("bmm", "baddbmm", "helpers.moe.padded_bmm", "helpers.moe.moe_layer"),
+                 refused="a bmm needs every expert padded to the same number of rows, the waste this exercise removes; run each expert on its own rows"),
     )),
     LabSpec("04_custom_op_lab", (
         Exercise("Exercise 1: the C++ kernel body", "silu_mul_body", _kernel_cases,
                  lambda: KERNEL_BODY),
         Exercise("Exercise 2: the fake kernel", "silu_mul_fake", _fake_cases, _fake),
         Exercise("Exercise 3: the autograd formula", "backward", _backward_cases, _backward,
-                 forbidden=("silu", "silu_backward", "sigmoid_backward")),
+                 forbidden=("silu", "silu_backward", "sigmoid_backward"),
+                 refused="silu and its backward compute the derivative for you: derive it from the sigmoid with the product rule"),
         Exercise("Exercise 4: SwiGLU with the op", "swiglu_mlp", _swiglu_cases, _swiglu),
         Exercise("Exercise 5: the schema of an op that writes", "silu_mul_record_schema", _record_schema_cases,
                  lambda: RECORD_SCHEMA),
@@ -1204,43 +1215,58 @@ SPECS.update({spec.lab: spec for spec in (
     LabSpec("05_quantization_lab", (
         Exercise("Exercise 1: quantize_weight", "quantize_weight", _quantize_weight_cases, _quantize_weight,
                  forbidden=("helpers.quant.quantize_per_channel", "helpers.quant.minmax_scale",
-                            "helpers.quant.quantize", "quantize_per_channel", "fake_quantize_per_channel_affine")),
+                            "helpers.quant.quantize", "quantize_per_channel", "fake_quantize_per_channel_affine"),
+                 refused="the quantizers of torch and helpers.quant compute the scales and codes for you: derive "
+                         "each row's scale from its values and round to codes yourself"),
         Exercise("Exercise 2: int8_linear", "int8_linear", _int8_linear_cases, _int8_linear,
-                 forbidden=("helpers.quant.Int8WeightOnlyLinear",)),
+                 forbidden=("helpers.quant.Int8WeightOnlyLinear",),
+                 refused="helpers.quant.Int8WeightOnlyLinear is the layer you are writing: dequantize with the scales in your own forward"),
         Exercise("Exercise 3: quantize_model", "quantize_model", _quantize_model_cases, _quantize_model,
                  forbidden=("helpers.quant.swap_linears", "helpers.quant.Int8WeightOnlyLinear",
                             "torch.ao.quantization.quantize_dynamic", "torch.ao.quantization.quantize_dynamic_jit",
                             "quantize_per_channel", "quantize_per_tensor",
-                            "quantize_per_tensor_dynamic")),
+                            "quantize_per_tensor_dynamic"),
+                 refused="the library quantizers find and swap the layers for you: find every nn.Linear, nested "
+                         "ones included, and replace it yourself"),
         Exercise("Exercise 4: a plan under two budgets", "choose_plan", _plan_cases, _choose_plan),
     )),
     LabSpec("06_attention_lab", (
         Exercise("Exercise 1: key_mask", "key_mask", _key_mask_cases, _key_mask,
-                 forbidden=("helpers.attention.pad_with_mask",)),
-        Exercise("Exercise 2: pack", "pack", _pack_cases, _pack, forbidden=("helpers.attention.pack",)),
+                 forbidden=("helpers.attention.pad_with_mask",),
+                 refused="helpers.attention.pad_with_mask builds this mask for you: compare key positions with the lengths yourself"),
+        Exercise("Exercise 2: pack", "pack", _pack_cases, _pack, forbidden=("helpers.attention.pack",),
+                 refused="helpers.attention.pack is the function you are writing: concatenate the tokens and compute the offsets yourself"),
         Exercise("Exercise 3: ops_dispatched", "ops_dispatched", _ops_cases, _ops_dispatched,
                  forbidden=("helpers.attention.OpNames", "helpers.attention.backend_that_runs",
-                            "helpers.attention.backend_report")),
+                            "helpers.attention.backend_report"),
+                 refused="these helpers record the dispatched ops for you: write the dispatch mode that records "
+                         "them"),
         Exercise("Exercise 4: bucketed_attention", "bucketed_attention", _bucket_cases, _bucketed),
         Exercise("Exercise 5: a prefix-LM document mask", "prefix_lm_mask_mod", _prefix_lm_cases,
                  _prefix_lm_mask_mod),
     )),
     LabSpec("07_memory_lab", (
         Exercise("Exercise 1: predicted_bytes", "predicted_bytes", _predicted_cases, _predicted_bytes,
-                 forbidden=("helpers.memory.profile_steps", "helpers.memory.timeline")),
+                 forbidden=("helpers.memory.profile_steps", "helpers.memory.timeline"),
+                 refused="profiling measures the bytes instead of predicting them: count them from the parameters, which ones train, and what Adam keeps"),
         Exercise("Exercise 2: keep_policy", "keep_policy", _keep_policy_cases, _keep_policy,
                  forbidden=("helpers.memory.save_matmuls", "helpers.memory.gated_stack",
-                            "helpers.memory.checkpoint_comparison")),
+                            "helpers.memory.checkpoint_comparison"),
+                 refused="these helpers hold a ready policy: decide for each op yourself whether to keep its "
+                         "output or recompute it"),
         Exercise("Exercise 3: accumulate_grads", "accumulate_grads", _accumulate_cases, _accumulate),
     )),
     LabSpec("08_debugging_lab", (
         Exercise("Exercise 1: first_difference", "first_difference", _trace_cases, _first_difference,
-                 forbidden=("helpers.debugging.first_divergence", "helpers.debugging.op_differences")),
+                 forbidden=("helpers.debugging.first_divergence", "helpers.debugging.op_differences"),
+                 refused="these helpers find the first difference for you: compare the traces yourself"),
         Exercise("Exercise 2: safe_normalize", "safe_normalize", _normalize_cases, _safe_normalize,
-                 forbidden=("normalize",)),
+                 forbidden=("normalize",),
+                 refused="normalize guards the zero vector for you: find where the NaN in the gradient comes from, and guard that step"),
         Exercise("Exercise 3: prepare", "prepare", _prepare_cases, _prepare),
         Exercise("Exercise 4: export_and_reload", "export_and_reload", _export_cases, _export_and_reload,
-                 forbidden=("torch.jit.trace", "torch.jit.script", "torch.jit.save", "torch.jit.load")),
+                 forbidden=("torch.jit.trace", "torch.jit.script", "torch.jit.save", "torch.jit.load"),
+                 refused="TorchScript is what this exercise leaves: export the model with torch.export and load what it saved"),
     )),
 )})
 
@@ -1292,8 +1318,7 @@ def _paired_cases(gen):
     b3 = _rounds(gen, [46.0, 47.5, 44.0], [1.0, 0.7, 1.2], 0.05, 9)
     skew = [[0.01, 0.011, 0.012, 0.5], [0.02, 0.021, 0.022, 0.9, 0.95]], [[0.011, 0.012, 0.013, 0.3],
                                                                        [0.025, 0.026, 0.027, 0.04, 0.05]]
-    forbidden = ("the pipeline's stats.paired_interval and stats.compare_figure are what this exercise asks you to "
-                 "write yourself: numpy and stats.t_quantile (or scipy) only")
+    forbidden = "this case passes once the function runs without the pipeline's statistics"
     cases = [Case("written without stats.paired_interval or stats.compare_figure", (a6, b6, "lower"),
                   call="called", expected="called", expect_value=True, hint=forbidden)]
     for name, args, hidden, hint in (
@@ -1541,9 +1566,11 @@ def _own_workload_cases(gen):
 
 SPECS["09_migration_lab"] = LabSpec("09_migration_lab", (
     Exercise("Exercise 1: the paired interval", "paired_interval", _paired_cases, _paired_interval,
-             forbidden=("helpers.validation.stats.paired_interval", "helpers.validation.stats.compare_figure")),
+             forbidden=("helpers.validation.stats.paired_interval", "helpers.validation.stats.compare_figure"),
+             refused="the pipeline's stats.paired_interval is the function you are writing (and compare_figure calls it): numpy and stats.t_quantile (or scipy) only"),
     Exercise("Exercise 2: the decision", "decide", _decide_cases, _decide,
-             forbidden=("helpers.validation.stats.verdict", "helpers.validation.stats.compare_figure")),
+             forbidden=("helpers.validation.stats.verdict", "helpers.validation.stats.compare_figure"),
+             refused="the pipeline's stats.verdict makes the decision for you (and compare_figure calls it): decide from the interval and the detectable change yourself"),
     Exercise("Exercise 3: find the injected slowdown", "find_slowdown", _slowdown_cases, _find_slowdown),
     Exercise("Exercise 4: find the drift", "find_drift", _drift_cases, _find_drift),
     Exercise("Exercise 5: a workload of your own", "checkpoint_workload", _own_workload_cases, _checkpoint_workload),
