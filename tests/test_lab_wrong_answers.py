@@ -2265,6 +2265,19 @@ def paired_calls_stats(rounds_a, rounds_b, better):
     return r["gain"], r["low"], r["high"]
 
 
+def paired_no_pair_count(rounds_a, rounds_b, better):
+    # one pair left to stats.t_quantile, whose ValueError (0 degrees of freedom) says nothing of pairs
+    from helpers.validation import stats
+    if len(rounds_a) != len(rounds_b):
+        raise ValueError("need the same number of rounds on each side")
+    ma, mb = _round_medians(rounds_a, rounds_b)
+    d = np.log(ma / mb) if better == "lower" else np.log(mb / ma)
+    k = len(d)
+    t = stats.t_quantile(0.975, k - 1)
+    half = t * d.std(ddof=1) / np.sqrt(k)
+    return float(np.exp(d.mean())), float(np.exp(d.mean() - half)), float(np.exp(d.mean() + half))
+
+
 def paired_unpaired(rounds_a, rounds_b, better):
     # each side's spread on its own (the old unpaired way): the shared slow stretches stay in the interval
     from helpers.validation import stats
@@ -2984,6 +2997,8 @@ WRONG = [
     Wrong(L09, "paired_interval", "k-degrees", paired_k_df, f"{SIX_ROUNDS}: the 95% interval",
           "with k - 1 degrees of freedom"),
     Wrong(L09, "paired_interval", "t-at-0.95", paired_t95, f"{SIX_ROUNDS}: the 95% interval", "the 97.5% quantile"),
+    Wrong(L09, "paired_interval", "no-pair-count", paired_no_pair_count, "one round a side: a ValueError",
+          "check the number of pairs yourself"),
     Wrong(L09, "paired_interval", "calls-stats", paired_calls_stats,
           "written without stats.paired_interval or stats.compare_figure", FORBIDDEN_HINT),
     Wrong(L09, "paired_interval", "normal-quantile", paired_z, "3 pairs: the 95% interval", "not the normal 1.96"),

@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import inspect
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -1401,6 +1402,40 @@ def interval_of(fn, *args, **kwargs):
     """The (low, high) of what fn returns as (gain, low, high)."""
     _, low, high = fn(*args, **kwargs)
     return float(low), float(high)
+
+
+def own_value_error(fn, *args, **kwargs) -> str:
+    """How fn refuses input it must refuse: "its own ValueError" when the ValueError is raised in the
+    learner's code, else what happened instead: no error, another error, or a ValueError from inside a library
+    it called (stats.t_quantile on 0 degrees of freedom is not a check of the learner's)."""
+    try:
+        fn(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except ValueError as exc:
+        tb = exc.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        code = tb.tb_frame.f_code
+        if _in_library(code.co_filename):
+            return f"a ValueError raised inside {code.co_name}, not by a check of its own"
+        return "its own ValueError"
+    except Exception as exc:   # noqa: BLE001 (the wrong kind of error is this case's answer)
+        return re.sub(r"[^\w.]", "?", type(exc).__name__)[:80] + ", not a ValueError"
+    return "no error"
+
+
+def _in_library(filename: str) -> bool:
+    """Whether code in `filename` is a library's (Python's, an installed package's, this course's helpers),
+    not the notebook's nor the grading references'."""
+    import sysconfig
+    paths = sysconfig.get_paths()
+    roots = (os.path.dirname(importlib.import_module("helpers").__file__), paths["stdlib"], paths["purelib"],
+             paths["platlib"])
+    real = os.path.realpath(filename)
+    if real.startswith(os.path.dirname(os.path.realpath(__file__)) + os.sep):
+        return False
+    return any(real.startswith(os.path.realpath(root) + os.sep) for root in roots)
 
 
 def own_workload(fn, what: str, samples: int) -> str:

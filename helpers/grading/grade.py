@@ -164,14 +164,13 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
                 eof = eof or bool(readable) and not chunk   # every writer closed the pipe
                 received += len(chunk)
                 buffer += chunk
+                now, cpu_now = time.monotonic(), usage.cpu_seconds()
                 for message in frames(buffer):
                     messages.append(message)
                     if "at" in message:
-                        step_limit, step_wall, step_cpu_start = step_cpu(message["at"]), time.monotonic(), \
-                            usage.cpu_seconds()
+                        step_limit, step_wall, step_cpu_start = step_cpu(message["at"]), now, cpu_now
                 if eof and proc.poll() is not None:
                     break
-                now, cpu_now = time.monotonic(), usage.cpu_seconds()
                 if received > MAX_RESULTS_MB * 2**20:
                     stopped = "too much output"
                 elif usage.memory_mb() > memory_limit_mb:
@@ -226,10 +225,11 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
     cell_limits = dict(limits["cell_cpu_seconds"])
 
     def step_cpu(marker: str) -> float:
+        """The CPU limit of the step the sandbox says it is in: an exercise's call, or a cell."""
+        if marker in inputs:
+            return limits["call_cpu_seconds"][marker]
         cell = re.fullmatch(r"cell (\d+)", marker)
-        if cell or marker not in inputs:
-            return cell_limits.get(int(cell.group(1)), limits["cell_cpu_default"]) if cell else limits["cell_cpu_default"]
-        return limits["call_cpu_seconds"][marker]   # one case: the sandbox says where it is before each
+        return cell_limits.get(int(cell.group(1)), limits["cell_cpu_default"]) if cell else limits["cell_cpu_default"]
     try:
         for _attempt in range(len(remaining) + MAX_SKIPPED_CELLS + 1):
             if not remaining:

@@ -134,22 +134,31 @@ def _sender(fd: int):
     return send
 
 
-def _originals() -> tuple:
-    """What must still be the same object when a result leaves: the harness module's functions and their
-    code, the recorder, the sender's tools, and what turns recording on and off."""
+WATCHED = ("sys.setprofile", "sys.getprofile", "threading.setprofile", "torch.save", "os.write",
+           "TorchFunctionMode.__enter__", "TorchFunctionMode.__exit__",
+           "TorchDispatchMode.__enter__", "TorchDispatchMode.__exit__")
+
+
+def _roots() -> dict:
+    """The objects the watched labels start from, by the name that starts the label."""
     import threading
 
     import torch
 
     import helpers.grading.checks as checks
     import helpers.grading.judge as judge
-    found = {"sys.setprofile": sys.setprofile, "sys.getprofile": sys.getprofile,
-             "threading.setprofile": threading.setprofile, "torch.save": torch.save, "os.write": os.write,
-             "TorchFunctionMode.__enter__": torch.overrides.TorchFunctionMode.__enter__,
-             "TorchFunctionMode.__exit__": torch.overrides.TorchFunctionMode.__exit__,
-             "TorchDispatchMode.__enter__": torch.utils._python_dispatch.TorchDispatchMode.__enter__,
-             "TorchDispatchMode.__exit__": torch.utils._python_dispatch.TorchDispatchMode.__exit__}
-    for module in (checks, judge, _SELF):
+    return {"sys": sys, "threading": threading, "torch": torch, "os": os,
+            "TorchFunctionMode": torch.overrides.TorchFunctionMode,
+            "TorchDispatchMode": torch.utils._python_dispatch.TorchDispatchMode,
+            checks.__name__: checks, judge.__name__: judge, __name__: _SELF}
+
+
+def _originals() -> tuple:
+    """What must still be the same object when a result leaves: the harness module's functions and their
+    code, the recorder, the sender's tools, and what turns recording on and off."""
+    roots = _roots()
+    found = {label: _current(label, roots) for label in WATCHED}
+    for module in (roots["helpers.grading.checks"], roots["helpers.grading.judge"], _SELF):
         for name, value in vars(module).items():
             if callable(value) and getattr(value, "__module__", None) == module.__name__:
                 found[f"{module.__name__}.{name}"] = value
@@ -161,18 +170,8 @@ def _originals() -> tuple:
     return tuple(found.items())
 
 
-def _current(label: str):
+def _current(label: str, roots: dict):
     """The object `label` names now (as _originals named it)."""
-    import threading
-
-    import torch
-
-    import helpers.grading.checks as checks
-    import helpers.grading.judge as judge
-    roots = {"sys": sys, "threading": threading, "torch": torch, "os": os,
-             "TorchFunctionMode": torch.overrides.TorchFunctionMode,
-             "TorchDispatchMode": torch.utils._python_dispatch.TorchDispatchMode,
-             checks.__name__: checks, judge.__name__: judge, __name__: _SELF}
     for prefix in sorted(roots, key=len, reverse=True):
         if label.startswith(prefix + "."):
             value = roots[prefix]
@@ -203,9 +202,10 @@ def _notebook_threads(baseline: set) -> list[str]:
 def tampered(originals: tuple) -> list[str]:
     """The labels of `originals` that name another object now."""
     changed = []
+    roots = _roots()
     for label, original in originals:
         try:
-            same = _current(label) is original
+            same = _current(label, roots) is original
         except Exception:
             same = False
         if not same:
