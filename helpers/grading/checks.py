@@ -1404,6 +1404,50 @@ def interval_of(fn, *args, **kwargs):
     return float(low), float(high)
 
 
+RIGHT_INTERVAL = "the 95% t interval on the paired log-gains"
+
+
+def interval_named(fn, rounds_a, rounds_b, better) -> str:
+    """fn's 95% interval, in words: RIGHT_INTERVAL when it is, else the usual mistake it matches (each of
+    which changes one ingredient), else its ends."""
+    import math
+
+    import numpy as np
+
+    from helpers.validation import stats
+    _, low, high = fn(rounds_a, rounds_b, better)
+    low, high = float(low), float(high)
+    medians_a, medians_b = (np.array([float(np.median(r)) for r in rounds]) for rounds in (rounds_a, rounds_b))
+    sign = 1 if better == "lower" else -1
+    d = sign * (np.log(medians_a) - np.log(medians_b))
+    k = len(d)
+    t = stats.t_quantile(0.975, k - 1)
+
+    def interval(half):
+        return math.exp(d.mean() - half), math.exp(d.mean() + half)
+
+    spread = float(d.std(ddof=1)) / math.sqrt(k)
+    named = (
+        (RIGHT_INTERVAL, t * spread),
+        ("an interval with the normal quantile 1.96 where Student's t with k - 1 degrees of freedom belongs "
+         "(the noise's spread is estimated from only k pairs)", 1.96 * spread),
+        ("an interval whose standard deviation divides by k: the sample standard deviation of k log-gains "
+         "divides by k - 1", t * float(d.std(ddof=0)) / math.sqrt(k)),
+        ("an interval with Student's t at k degrees of freedom: the mean uses one of the k pairs' degrees of "
+         "freedom, leaving k - 1", stats.t_quantile(0.975, k) * spread),
+        ("an interval with t's 95% quantile: a two-sided 95% interval leaves 2.5% in each tail, so the 97.5% "
+         "quantile", stats.t_quantile(0.95, k - 1) * spread),
+        ("an interval from each side's spread on its own: the spread must be that of the per-pair log-gains, "
+         "so that a slow stretch shared by a pair cancels",
+         t * math.sqrt((np.log(medians_a).var(ddof=1) + np.log(medians_b).var(ddof=1)) / k)))
+    for words, half in named:   # the right one to 1e-6; a mistake to 1e-4 (1.96 or 1.959964, a rounded t)
+        tolerance = 1e-6 if words == RIGHT_INTERVAL else 1e-4
+        if all(math.isclose(got, want, rel_tol=tolerance) for got, want in zip((low, high), interval(half))):
+            return words
+    return (f"the interval ({low:.6g}, {high:.6g}), which is neither {RIGHT_INTERVAL} nor one of the usual "
+            "mistakes")
+
+
 def own_value_error(fn, *args, **kwargs) -> str:
     """How fn refuses input it must refuse: "its own ValueError" when the ValueError is raised in the
     learner's code, else what happened instead: no error, another error, or a ValueError from inside a library

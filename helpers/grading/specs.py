@@ -1305,10 +1305,9 @@ def _paired_cases(gen):
             for f in (run["workloads"]["unet_attention"]["figures"]["iteration_time"] for run in (run_a, run_b))]
     gain = ("the gain is the geometric mean of the per-round gains (each round's median; for a time A / B, for a "
             "throughput B / A), not a ratio of averages over all rounds")
-    width = ("the interval's width: exp(m ± t · s / √k), t the 97.5% quantile (a two-sided 95% interval) of "
-             "Student's t with k - 1 degrees of freedom (not the normal 1.96), s the sample standard deviation "
-             "(k - 1 in its denominator) of the per-pair log-gains: pair A's round i with B's round i, not of each "
-             "side separately, and a t interval on them, not a resampling of the pairs")
+    from helpers.grading.checks import RIGHT_INTERVAL
+    width = ("the interval's width: where the feedback names a mistake, that ingredient of step 3 differs; "
+             "otherwise compare each ingredient in turn (a resampling of the pairs is not a t interval)")
     rounds = "one value per round (its median): the rounds are the pairs, not the calls within them"
     slow = [1.0, 1.6, 0.9, 1.3, 1.0, 2.2]                  # slow stretches that hit both runs of a round pair
     jitter = (1 + 0.03 * torch.randn(6, generator=gen, dtype=torch.float64)).tolist()
@@ -1333,8 +1332,8 @@ def _paired_cases(gen):
                                       _rounds(gen, [10.0] * 8, [1.0, 0.8] * 4, 0.1, 7), "higher"), True, gain),
             ("identical rounds", ([[1.0, 2.0]] * 3, [[1.0, 2.0]] * 3, "lower"), True, gain)):
         cases.append(Case(f"{name}: the gain", args, call="first", rtol=1e-6, atol=0, hidden=hidden, hint=hint))
-        cases.append(Case(f"{name}: the 95% interval", args, call="interval_of", rtol=1e-6, atol=0, hidden=hidden,
-                          hint=width))
+        cases.append(Case(f"{name}: the 95% interval", args, call="interval_named", expected=RIGHT_INTERVAL,
+                          expect_value=True, hidden=hidden, hint=width))
     bad = "check that both sides have the same number of rounds, at least two, and say so in a ValueError"
     cases += [Case("3 rounds against 4: a ValueError", (a3, a6[:4], "lower"), raises="ValueError", hint=bad),
               Case("one round a side: a ValueError", (a3[:1], b3[:1], "higher"), call="own_value_error",
