@@ -12,7 +12,7 @@ WORKERS ?= 2
 
 MATRIX_ENVS ?= cpu cuda latest minimal
 
-.PHONY: setup browser bubblewrap axe site site-check run test matrix matrix-env free-threaded gpu-check gpu-check-env colab-check lab doctor labs nbgrader clean
+.PHONY: setup browser bubblewrap axe site site-check run test matrix matrix-env free-threaded free-threaded-setup gpu-check gpu-check-env colab-venv colab-check lab doctor labs nbgrader nbgrader-setup clean
 
 setup: $(VENV)/.installed-$(ENV)
 
@@ -88,8 +88,10 @@ matrix:
 # off; fails unless the section "Pure-Python scaling with threads" really ran. With the default venv (.venv)
 # present, lesson 01 also runs its benchmark there, side by side. Record: runs/matrix/free-threaded/.
 FT_SECTION = Pure-Python scaling with threads
-free-threaded:
+free-threaded-setup:
 	$(MAKE) --no-print-directory setup ENV=free-threaded PYTHON="$$(.ci/free-threaded-python)"
+
+free-threaded: free-threaded-setup
 	.venv-free-threaded/bin/python -m helpers doctor
 	rm -rf runs/matrix/free-threaded
 	$(if $(wildcard .venv/bin/python),LABS_OTHER_PYTHON=$(CURDIR)/.venv/bin/python) \
@@ -132,10 +134,17 @@ gpu-check-env: setup
 COLAB_TORCH ?= 2.10.0
 COLAB_TORCH_INDEX ?=
 COLAB_SOURCE ?= file://$(CURDIR)
-colab-check:
+colab-venv: .venv-colab/.torch-only-$(COLAB_TORCH)
+
+.venv-colab/.torch-only-$(COLAB_TORCH):
 	rm -rf .venv-colab && $(PYTHON) -m venv .venv-colab
 	.venv-colab/bin/python -m pip install -q --retries 10 --upgrade pip
 	.venv-colab/bin/python -m pip install -q $(PIP_RESUME) $(if $(COLAB_TORCH_INDEX),--index-url $(COLAB_TORCH_INDEX)) torch==$(COLAB_TORCH)
+	touch $@
+
+# the check installs beside torch: the stamp goes first, so the next check starts from a fresh venv
+colab-check: colab-venv
+	rm .venv-colab/.torch-only-$(COLAB_TORCH)
 	.venv-colab/bin/python -m helpers.colab check $(COLAB_SOURCE) $(COLAB_TORCH)
 
 lab: setup
@@ -150,9 +159,11 @@ labs: setup
 # nbgrader in a venv of its own (it enables JupyterLab extensions a learner's venv should not get), then
 # the test that runs real nbgrader on the exported lab 00: generate_assignment, autograde, scores.
 # nbgrader calls `alembic` from PATH: activate .venv-nbgrader (or put its bin/ on PATH) before using it.
-nbgrader:
+nbgrader-setup:
 	$(MAKE) --no-print-directory setup VENV=.venv-nbgrader
 	.venv-nbgrader/bin/python -m pip install -q -e ".[nbgrader]"
+
+nbgrader: nbgrader-setup
 	PATH=$(CURDIR)/.venv-nbgrader/bin:$$PATH LABS_QUICK=1 LABS_HEADLESS=1 .venv-nbgrader/bin/python -m pytest -q -p no:xdist tests/test_nbgrader.py
 
 clean:
