@@ -3128,6 +3128,16 @@ def test_wrong_answer_fails_with_its_hint(w, request):
         pytest.xfail(w.known)
     assert w.case in failures, f"{w.id}: the case {w.case!r} passed; failures: {failures}"
     assert caught, failures[w.case]
+    if w.hint == FORBIDDEN_HINT:   # and the hint is why this exercise refuses the call
+        assert next(e for e in SPECS[w.lab].exercises if e.function == w.function).refused in failures[w.case]
+
+
+def test_every_refusal_says_why():
+    """An exercise that refuses calls says why, in words of its own (the hint of a forbidden call)."""
+    exercises = [e for spec in SPECS.values() for e in spec.exercises]
+    assert [e.title for e in exercises if bool(e.forbidden) != bool(e.refused)] == []
+    refusals = [e.refused for e in exercises if e.refused]
+    assert len(set(refusals)) == len(refusals)
 
 
 def test_every_exercise_has_a_wrong_answer():

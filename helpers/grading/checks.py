@@ -20,6 +20,7 @@ import _thread
 import contextlib
 import importlib
 import inspect
+import math
 import os
 import re
 import sys
@@ -1393,65 +1394,55 @@ def called(fn, *args, **kwargs) -> str:
         fn(*args, **kwargs)
     except NotImplementedError:
         raise
-    except Exception:        # noqa: BLE001 (a wrong value or error is another case's to report)
-        pass
+    except Exception as exc:        # noqa: BLE001 (a wrong value or error is another case's to report)
+        if type(exc).__name__ == "CellTimeout":
+            raise
     return "called"
 
 
-def interval_of(fn, *args, **kwargs):
-    """The (low, high) of what fn returns as (gain, low, high)."""
-    _, low, high = fn(*args, **kwargs)
-    return float(low), float(high)
-
-
-RIGHT_INTERVAL = "the 95% t interval on the paired log-gains"
-
-
-def interval_named(fn, rounds_a, rounds_b, better) -> str:
-    """fn's 95% interval, in words: RIGHT_INTERVAL when it is, else the usual mistake it matches (each of
-    which changes one ingredient), else its ends."""
-    import math
-
+def interval_named(fn, rounds_a, rounds_b, better) -> tuple[str, float, float]:
+    """fn's 95% interval as (what it is, low, high): "the 95% t interval on the paired log-gains" when its ends
+    are that interval's, else the usual mistake nearest to them (each changes one ingredient), else "another
+    interval". The grader compares all three with the reference's, so the ends decide, not these words."""
     import numpy as np
 
     from helpers.validation import stats
     _, low, high = fn(rounds_a, rounds_b, better)
     low, high = float(low), float(high)
-    medians_a, medians_b = (np.array([float(np.median(r)) for r in rounds]) for rounds in (rounds_a, rounds_b))
-    sign = 1 if better == "lower" else -1
-    d = sign * (np.log(medians_a) - np.log(medians_b))
+    log_a, log_b = (np.log([float(np.median(r)) for r in rounds]) for rounds in (rounds_a, rounds_b))
+    d = (log_a - log_b) if better == "lower" else (log_b - log_a)
     k = len(d)
     t = stats.t_quantile(0.975, k - 1)
-
-    def interval(half):
-        return math.exp(d.mean() - half), math.exp(d.mean() + half)
-
     spread = float(d.std(ddof=1)) / math.sqrt(k)
-    named = (
-        (RIGHT_INTERVAL, t * spread),
-        ("an interval with the normal quantile 1.96 where Student's t with k - 1 degrees of freedom belongs "
-         "(the noise's spread is estimated from only k pairs)", 1.96 * spread),
-        ("an interval whose standard deviation divides by k: the sample standard deviation of k log-gains "
-         "divides by k - 1", t * float(d.std(ddof=0)) / math.sqrt(k)),
-        ("an interval with Student's t at k degrees of freedom: the mean uses one of the k pairs' degrees of "
-         "freedom, leaving k - 1", stats.t_quantile(0.975, k) * spread),
-        ("an interval with t's 95% quantile: a two-sided 95% interval leaves 2.5% in each tail, so the 97.5% "
-         "quantile", stats.t_quantile(0.95, k - 1) * spread),
-        ("an interval from each side's spread on its own: the spread must be that of the per-pair log-gains, "
-         "so that a slow stretch shared by a pair cancels",
-         t * math.sqrt((np.log(medians_a).var(ddof=1) + np.log(medians_b).var(ddof=1)) / k)))
-    for words, half in named:   # the right one to 1e-6; a mistake to 1e-4 (1.96 or 1.959964, a rounded t)
-        tolerance = 1e-6 if words == RIGHT_INTERVAL else 1e-4
-        if all(math.isclose(got, want, rel_tol=tolerance) for got, want in zip((low, high), interval(half))):
-            return words
-    return (f"the interval ({low:.6g}, {high:.6g}), which is neither {RIGHT_INTERVAL} nor one of the usual "
-            "mistakes")
+
+    def distance(half):   # the larger relative difference of the two ends
+        ends = (math.exp(d.mean() - half), math.exp(d.mean() + half))
+        return max(abs(got - want) / abs(want) for got, want in zip((low, high), ends))
+
+    if distance(t * spread) <= 1e-6:
+        return "the 95% t interval on the paired log-gains", low, high
+    mistakes = {
+        "an interval with the normal quantile 1.96 where Student's t with k - 1 degrees of freedom belongs "
+        "(the noise's spread is estimated from only k pairs)": 1.96 * spread,
+        "an interval whose standard deviation divides by k: the sample standard deviation of k log-gains "
+        "divides by k - 1": t * float(d.std(ddof=0)) / math.sqrt(k),
+        "an interval with Student's t at k degrees of freedom: the mean uses one of the k pairs' degrees of "
+        "freedom, leaving k - 1": stats.t_quantile(0.975, k) * spread,
+        "an interval with t's 95% quantile: a two-sided 95% interval leaves 2.5% in each tail, so the 97.5% "
+        "quantile": stats.t_quantile(0.95, k - 1) * spread,
+        "an interval from each side's spread on its own: the spread must be that of the per-pair log-gains, "
+        "so that a slow stretch shared by a pair cancels": t * math.sqrt((log_a.var(ddof=1) + log_b.var(ddof=1)) / k),
+    }
+    nearest = min(mistakes, key=lambda words: distance(mistakes[words]))
+    # 1e-4: 1.96 or 1.959964, a t read from a table
+    return (nearest if distance(mistakes[nearest]) <= 1e-4 else "another interval"), low, high
 
 
 def own_value_error(fn, *args, **kwargs) -> str:
     """How fn refuses input it must refuse: "its own ValueError" when the ValueError is raised in the
     learner's code, else what happened instead: no error, another error, or a ValueError from inside a library
-    it called (stats.t_quantile on 0 degrees of freedom is not a check of the learner's)."""
+    it called (stats.t_quantile on 0 degrees of freedom is not a check of the learner's). A ValueError raised
+    by C code (math.sqrt(-1)) has no frame of its own and counts as the learner's."""
     try:
         fn(*args, **kwargs)
     except NotImplementedError:
@@ -1462,24 +1453,44 @@ def own_value_error(fn, *args, **kwargs) -> str:
             tb = tb.tb_next
         code = tb.tb_frame.f_code
         if _in_library(code.co_filename):
-            return f"a ValueError raised inside {code.co_name}, not by a check of its own"
+            return f"a ValueError raised inside {_plain(code.co_name)}, not by a check of its own"
         return "its own ValueError"
     except Exception as exc:   # noqa: BLE001 (the wrong kind of error is this case's answer)
-        return re.sub(r"[^\w.]", "?", type(exc).__name__)[:80] + ", not a ValueError"
+        if type(exc).__name__ == "CellTimeout":
+            raise
+        return _plain(type(exc).__name__) + ", not a ValueError"
     return "no error"
 
 
-def _in_library(filename: str) -> bool:
-    """Whether code in `filename` is a library's (Python's, an installed package's, this course's helpers),
-    not the notebook's nor the grading references'."""
+def _plain(name: str) -> str:
+    """A name from a submission's objects: letters, digits, '_' and '.' only."""
+    return re.sub(r"[^\w.]", "?", str(name))[:80]
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Where libraries live: Python's, installed packages (the environment's and the user's), this course's
+    helpers (not helpers/grading, where the references are). Taken when this module loads, before a cell runs."""
+    import site
     import sysconfig
     paths = sysconfig.get_paths()
-    roots = (os.path.dirname(importlib.import_module("helpers").__file__), paths["stdlib"], paths["purelib"],
-             paths["platlib"])
-    real = os.path.realpath(filename)
-    if real.startswith(os.path.dirname(os.path.realpath(__file__)) + os.sep):
-        return False
-    return any(real.startswith(os.path.realpath(root) + os.sep) for root in roots)
+    found = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), paths["stdlib"],
+             paths["purelib"], paths["platlib"], *site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        found.append(site.getusersitepackages())
+    return tuple(os.path.realpath(p) + os.sep for p in found)
+
+
+LIBRARY_ROOTS = _library_roots()
+GRADING_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_realpath = os.path.realpath   # as this module loads: a cell may rebind os.path's
+
+
+def _in_library(filename: str) -> bool:
+    """Whether code in `filename` is a library's, not the notebook's nor the grading references'."""
+    if filename.startswith("<frozen "):
+        return True
+    real = _realpath(filename)
+    return not real.startswith(GRADING_ROOT) and real.startswith(LIBRARY_ROOTS)
 
 
 def own_workload(fn, what: str, samples: int) -> str:

@@ -53,8 +53,9 @@ def judge_case(exercise: Exercise, case: Case, expected, got: dict) -> str | Non
                 f"helpers.grading alone, and do the exercise's work on the calling thread or in a thread pool")
     used = sorted(set(got["torch_calls"]) & set(exercise.forbidden))
     if used:
-        return (f"❌ {what}: calls {', '.join(used)}, refused in this exercise under any name (torch.X, "
-                f"torch.nn.functional.X, Tensor.X, torch.ops.aten.X, an import alias)\n"
+        aliases = (" (torch.X, torch.nn.functional.X, Tensor.X, torch.ops.aten.X, an import alias)"
+                   if any("." not in name for name in used) else "")
+        return (f"❌ {what}: calls {', '.join(used)}, refused in this exercise under any name{aliases}\n"
                 f"   Hint: {exercise.refused or 'use only the basic tensor operations'}")
     raised = got["raised"]
     try:

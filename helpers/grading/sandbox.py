@@ -201,8 +201,11 @@ def _notebook_threads(baseline: set) -> list[str]:
 
 def tampered(originals: tuple) -> list[str]:
     """The labels of `originals` that name another object now."""
+    try:
+        roots = _roots()
+    except Exception:   # a cell broke a path the roots are reached by: nothing can be vouched for
+        return [label for label, _ in originals]
     changed = []
-    roots = _roots()
     for label, original in originals:
         try:
             same = _current(label, roots) is original

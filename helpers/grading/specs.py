@@ -121,10 +121,12 @@ def _rms_norm_reference(x, weight, eps=1e-6):
 SPECS: dict[str, LabSpec] = {
     "00_warmup_lab": LabSpec("00_warmup_lab", (
         Exercise("Exercise 1: softmax", "softmax", _softmax_cases, _softmax_reference, forbidden=SOFTMAX,
-                 refused="torch's softmax is the function you are writing, and it gives NaN on a fully masked row: build yours from exp, a max and a sum, and decide that row yourself"),
+                 refused="torch's softmax is the function you are writing, and it gives NaN on a fully masked row: "
+                         "build yours from exp, a max and a sum, and decide that row yourself"),
         Exercise("Exercise 2: rms_norm", "rms_norm", _rms_norm_cases, _rms_norm_reference,
                  forbidden=("rms_norm", "_fused_rms_norm"),
-                 refused="torch's rms_norm is the function you are writing: take the mean of the squares yourself, with eps and the weight"),
+                 refused="torch's rms_norm is the function you are writing: take the mean of the squares yourself, "
+                         "with eps and the weight"),
     )),
 }
 
@@ -402,8 +404,7 @@ def _fallback(xs, w, offs):
 def _fallback_cases(gen):
     from helpers.moe import offsets_from_counts, skewed_counts
     hint = ("expert e owns rows offs[e-1]:offs[e] (the first starts at 0); an empty slice is fine. One 2-D "
-            "matmul per expert: grouped_mm, bmm and helpers.moe's GEMMs are what this exercise asks you to write "
-            "yourself")
+            "matmul per expert")
     tail = ("rows past offs[-1] belong to no expert: their output rows must be 0. Memory from an empty "
             "allocation holds whatever was there before (this check fills it with NaN)")
     cases = []
@@ -1067,8 +1068,7 @@ def _normalize_cases(gen):
     z = torch.randn(2, 3, 4, generator=gen)
     z[1, 2] = 0
     return [
-        Case("values", (v,), hint=values + " (normalize is refused: it is what this exercise asks you to write "
-                                            "yourself)"),
+        Case("values", (v,), hint=values),
         Case("a larger eps", (v,), {"eps": 1e-2}, hint=eps),
         Case("finite gradients at a zero row", (v,), call="grad_is_finite", expected=True, expect_value=True,
              hint=nan),
@@ -1164,10 +1164,12 @@ SPECS.update({spec.lab: spec for spec in (
     LabSpec("02_fusion_lab", (
         Exercise("Exercise 1: combo_grid", "combo_grid", _combo_grid_cases, _combo_grid,
                  forbidden=("helpers.fusion.combo_grid",),
-                 refused="helpers.fusion.combo_grid sizes the grid for you: derive each part's programs from its size and the block"),
+                 refused="helpers.fusion.combo_grid sizes the grid for you: derive each part's programs from its "
+                         "size and the block"),
         Exercise("Exercise 2: the combo kernel's dispatch", "launch_three_part", _combo_launch_cases, _combo_reference,
                  forbidden=("helpers.fusion.combo_reference", "helpers.fusion.combo_launch"),
-                 refused="the helpers' combo kernel and launcher are the kernel this exercise builds: your kernel finds its part from its own program id"),
+                 refused="the helpers' combo reference and launcher compute the answer for you: your kernel finds "
+                         "its part from its own program id"),
         Exercise("Exercise 3: plan the combo launch", "plan_combo_launch", _combo_plan_cases, _combo_plan,
                  forbidden=("helpers.fusion.inductor_combo_dispatch_strategy", "helpers.fusion.combo_dispatch_strategy",
                             "helpers.fusion.combo_utilization", "helpers.fusion.round_robin_grid",
@@ -1191,7 +1193,8 @@ SPECS.update({spec.lab: spec for spec in (
     LabSpec("03_moe_lab", (
         Exercise("Exercise 1: permute_tokens", "permute_tokens", _permute_cases, _permute,
                  forbidden=("helpers.moe.permute",),
-                 refused="helpers.moe.permute is the permutation you are writing: sort the positions by expert and count each expert's rows yourself, without reading a count back to the CPU"),
+                 refused="helpers.moe.permute is the permutation you are writing: sort the positions by expert and "
+                         "count each expert's rows yourself, without reading a count back to the CPU"),
         Exercise("Exercise 2: fallback_grouped_gemm", "fallback_grouped_gemm", _fallback_cases, _fallback,
                  forbidden=("grouped_mm", "_grouped_mm", "bmm", "baddbmm", "helpers.moe.loop_gemm",
                             "helpers.moe.grouped_gemm", "helpers.moe.triton_gemm", "helpers.moe.padded_bmm"),
@@ -1199,7 +1202,8 @@ SPECS.update({spec.lab: spec for spec in (
                          "expert one matmul on its own rows"),
         Exercise("Exercise 3: expert_ffn without padding", "expert_ffn", _expert_ffn_cases, _expert_ffn,
                  forbidden=("bmm", "baddbmm", "helpers.moe.padded_bmm", "helpers.moe.moe_layer"),
-                 refused="a bmm needs every expert padded to the same number of rows, the waste this exercise removes; run each expert on its own rows"),
+                 refused="a bmm needs every expert padded to the same number of rows, the waste this exercise "
+                         "removes, and moe_layer runs the whole layer for you: run each expert on its own rows"),
     )),
     LabSpec("04_custom_op_lab", (
         Exercise("Exercise 1: the C++ kernel body", "silu_mul_body", _kernel_cases,
@@ -1207,7 +1211,8 @@ SPECS.update({spec.lab: spec for spec in (
         Exercise("Exercise 2: the fake kernel", "silu_mul_fake", _fake_cases, _fake),
         Exercise("Exercise 3: the autograd formula", "backward", _backward_cases, _backward,
                  forbidden=("silu", "silu_backward", "sigmoid_backward"),
-                 refused="silu and its backward compute the derivative for you: derive it from the sigmoid with the product rule"),
+                 refused="F.silu, silu_backward and sigmoid_backward are the formula you are asked to write: build "
+                         "both gradients on torch.sigmoid with the product rule"),
         Exercise("Exercise 4: SwiGLU with the op", "swiglu_mlp", _swiglu_cases, _swiglu),
         Exercise("Exercise 5: the schema of an op that writes", "silu_mul_record_schema", _record_schema_cases,
                  lambda: RECORD_SCHEMA),
@@ -1220,27 +1225,29 @@ SPECS.update({spec.lab: spec for spec in (
                          "each row's scale from its values and round to codes yourself"),
         Exercise("Exercise 2: int8_linear", "int8_linear", _int8_linear_cases, _int8_linear,
                  forbidden=("helpers.quant.Int8WeightOnlyLinear",),
-                 refused="helpers.quant.Int8WeightOnlyLinear is the layer you are writing: dequantize with the scales in your own forward"),
+                 refused="helpers.quant.Int8WeightOnlyLinear is the layer exercise 3 wraps around this function: "
+                         "call the int8 kernel yourself; which activations to hand it is this exercise's decision"),
         Exercise("Exercise 3: quantize_model", "quantize_model", _quantize_model_cases, _quantize_model,
                  forbidden=("helpers.quant.swap_linears", "helpers.quant.Int8WeightOnlyLinear",
                             "torch.ao.quantization.quantize_dynamic", "torch.ao.quantization.quantize_dynamic_jit",
                             "quantize_per_channel", "quantize_per_tensor",
                             "quantize_per_tensor_dynamic"),
-                 refused="the library quantizers find and swap the layers for you: find every nn.Linear, nested "
-                         "ones included, and replace it yourself"),
+                 refused="the library quantizers find and swap the layers for you: find every nn.Linear, nested ones"
+                         " included, and replace it yourself"),
         Exercise("Exercise 4: a plan under two budgets", "choose_plan", _plan_cases, _choose_plan),
     )),
     LabSpec("06_attention_lab", (
         Exercise("Exercise 1: key_mask", "key_mask", _key_mask_cases, _key_mask,
                  forbidden=("helpers.attention.pad_with_mask",),
-                 refused="helpers.attention.pad_with_mask builds this mask for you: compare key positions with the lengths yourself"),
+                 refused="helpers.attention.pad_with_mask builds this mask for you: compare key positions with the "
+                         "lengths yourself"),
         Exercise("Exercise 2: pack", "pack", _pack_cases, _pack, forbidden=("helpers.attention.pack",),
-                 refused="helpers.attention.pack is the function you are writing: concatenate the tokens and compute the offsets yourself"),
+                 refused="helpers.attention.pack is the function you are writing: concatenate the tokens and compute"
+                         " the offsets yourself"),
         Exercise("Exercise 3: ops_dispatched", "ops_dispatched", _ops_cases, _ops_dispatched,
                  forbidden=("helpers.attention.OpNames", "helpers.attention.backend_that_runs",
                             "helpers.attention.backend_report"),
-                 refused="these helpers record the dispatched ops for you: write the dispatch mode that records "
-                         "them"),
+                 refused="these helpers record the dispatched ops for you: write the dispatch mode that records them"),
         Exercise("Exercise 4: bucketed_attention", "bucketed_attention", _bucket_cases, _bucketed),
         Exercise("Exercise 5: a prefix-LM document mask", "prefix_lm_mask_mod", _prefix_lm_cases,
                  _prefix_lm_mask_mod),
@@ -1248,12 +1255,13 @@ SPECS.update({spec.lab: spec for spec in (
     LabSpec("07_memory_lab", (
         Exercise("Exercise 1: predicted_bytes", "predicted_bytes", _predicted_cases, _predicted_bytes,
                  forbidden=("helpers.memory.profile_steps", "helpers.memory.timeline"),
-                 refused="profiling measures the bytes instead of predicting them: count them from the parameters, which ones train, and what Adam keeps"),
+                 refused="profiling measures the bytes instead of predicting them: count them from the parameters, "
+                         "which ones train, and what Adam keeps"),
         Exercise("Exercise 2: keep_policy", "keep_policy", _keep_policy_cases, _keep_policy,
                  forbidden=("helpers.memory.save_matmuls", "helpers.memory.gated_stack",
                             "helpers.memory.checkpoint_comparison"),
-                 refused="these helpers hold a ready policy: decide for each op yourself whether to keep its "
-                         "output or recompute it"),
+                 refused="these helpers hold a ready policy: decide for each op yourself whether to keep its output "
+                         "or recompute it"),
         Exercise("Exercise 3: accumulate_grads", "accumulate_grads", _accumulate_cases, _accumulate),
     )),
     LabSpec("08_debugging_lab", (
@@ -1262,11 +1270,13 @@ SPECS.update({spec.lab: spec for spec in (
                  refused="these helpers find the first difference for you: compare the traces yourself"),
         Exercise("Exercise 2: safe_normalize", "safe_normalize", _normalize_cases, _safe_normalize,
                  forbidden=("normalize",),
-                 refused="normalize guards the zero vector for you: find where the NaN in the gradient comes from, and guard that step"),
+                 refused="normalize guards the zero vector for you: find where the NaN in the gradient comes from, "
+                         "and guard that step"),
         Exercise("Exercise 3: prepare", "prepare", _prepare_cases, _prepare),
         Exercise("Exercise 4: export_and_reload", "export_and_reload", _export_cases, _export_and_reload,
                  forbidden=("torch.jit.trace", "torch.jit.script", "torch.jit.save", "torch.jit.load"),
-                 refused="TorchScript is what this exercise leaves: export the model with torch.export and load what it saved"),
+                 refused="TorchScript is what this exercise leaves: export the model with torch.export and load what"
+                         " it saved"),
     )),
 )})
 
@@ -1305,7 +1315,6 @@ def _paired_cases(gen):
             for f in (run["workloads"]["unet_attention"]["figures"]["iteration_time"] for run in (run_a, run_b))]
     gain = ("the gain is the geometric mean of the per-round gains (each round's median; for a time A / B, for a "
             "throughput B / A), not a ratio of averages over all rounds")
-    from helpers.grading.checks import RIGHT_INTERVAL
     width = ("the interval's width: where the feedback names a mistake, that ingredient of step 3 differs; "
              "otherwise compare each ingredient in turn (a resampling of the pairs is not a t interval)")
     rounds = "one value per round (its median): the rounds are the pairs, not the calls within them"
@@ -1317,9 +1326,9 @@ def _paired_cases(gen):
     b3 = _rounds(gen, [46.0, 47.5, 44.0], [1.0, 0.7, 1.2], 0.05, 9)
     skew = [[0.01, 0.011, 0.012, 0.5], [0.02, 0.021, 0.022, 0.9, 0.95]], [[0.011, 0.012, 0.013, 0.3],
                                                                        [0.025, 0.026, 0.027, 0.04, 0.05]]
-    forbidden = "this case passes once the function runs without the pipeline's statistics"
+    stub = "this case passes once the function runs without the pipeline's statistics"
     cases = [Case("written without stats.paired_interval or stats.compare_figure", (a6, b6, "lower"),
-                  call="called", expected="called", expect_value=True, hint=forbidden)]
+                  call="called", expected="called", expect_value=True, hint=stub)]
     for name, args, hidden, hint in (
             ("times, 6 rounds with slow stretches shared by each pair, B about 10% slower", (a6, b6, "lower"),
              False, gain),
@@ -1332,8 +1341,8 @@ def _paired_cases(gen):
                                       _rounds(gen, [10.0] * 8, [1.0, 0.8] * 4, 0.1, 7), "higher"), True, gain),
             ("identical rounds", ([[1.0, 2.0]] * 3, [[1.0, 2.0]] * 3, "lower"), True, gain)):
         cases.append(Case(f"{name}: the gain", args, call="first", rtol=1e-6, atol=0, hidden=hidden, hint=hint))
-        cases.append(Case(f"{name}: the 95% interval", args, call="interval_named", expected=RIGHT_INTERVAL,
-                          expect_value=True, hidden=hidden, hint=width))
+        cases.append(Case(f"{name}: the 95% interval", args, call="interval_named", rtol=1e-6, atol=0,
+                          hidden=hidden, hint=width))
     bad = "check that both sides have the same number of rounds, at least two, and say so in a ValueError"
     cases += [Case("3 rounds against 4: a ValueError", (a3, a6[:4], "lower"), raises="ValueError", hint=bad),
               Case("one round a side: a ValueError", (a3[:1], b3[:1], "higher"), call="own_value_error",
@@ -1570,10 +1579,12 @@ def _own_workload_cases(gen):
 SPECS["09_migration_lab"] = LabSpec("09_migration_lab", (
     Exercise("Exercise 1: the paired interval", "paired_interval", _paired_cases, _paired_interval,
              forbidden=("helpers.validation.stats.paired_interval", "helpers.validation.stats.compare_figure"),
-             refused="the pipeline's stats.paired_interval is the function you are writing (and compare_figure calls it): numpy and stats.t_quantile (or scipy) only"),
+             refused="the pipeline's stats.paired_interval is the function you are writing (and compare_figure calls"
+                     " it): compute it from the rounds yourself"),
     Exercise("Exercise 2: the decision", "decide", _decide_cases, _decide,
              forbidden=("helpers.validation.stats.verdict", "helpers.validation.stats.compare_figure"),
-             refused="the pipeline's stats.verdict makes the decision for you (and compare_figure calls it): decide from the interval and the detectable change yourself"),
+             refused="the pipeline's stats.verdict makes the decision for you (and compare_figure calls it): decide "
+                     "from the interval and the detectable change yourself"),
     Exercise("Exercise 3: find the injected slowdown", "find_slowdown", _slowdown_cases, _find_slowdown),
     Exercise("Exercise 4: find the drift", "find_drift", _drift_cases, _find_drift),
     Exercise("Exercise 5: a workload of your own", "checkpoint_workload", _own_workload_cases, _checkpoint_workload),
