@@ -2231,12 +2231,12 @@ SIX_ROUNDS = "times, 6 rounds with slow stretches shared by each pair, B about 1
 
 
 def _paired_answer(stat=np.median, quantile=None, ddof=1, arithmetic=False, ignore_better=False, df_offset=-1,
-                   level=0.975):
+                   level=0.975, min_pairs=2):
     """paired_interval with one thing changed (the right answer with the defaults)."""
     from helpers.validation import stats
 
     def paired_interval(rounds_a, rounds_b, better):
-        if len(rounds_a) != len(rounds_b) or len(rounds_a) < 2:
+        if len(rounds_a) != len(rounds_b) or len(rounds_a) < min_pairs:
             raise ValueError("need the same number of rounds on each side, at least two")
         ma, mb = _round_medians(rounds_a, rounds_b, stat)
         lower = better == "lower" or ignore_better
@@ -2255,6 +2255,8 @@ paired_ignores_better = _paired_answer(ignore_better=True)  # A / B for a throug
 paired_round_means = _paired_answer(stat=np.mean)         # each round summarised by its mean
 paired_k_df = _paired_answer(df_offset=0)                 # k degrees of freedom, not k - 1
 paired_t95 = _paired_answer(level=0.95)                   # the 95% quantile: a 90% two-sided interval
+paired_no_pair_count = _paired_answer(min_pairs=1)        # one pair left to stats.t_quantile, whose ValueError
+                                                          # (0 degrees of freedom) says nothing of pairs
 
 
 def paired_calls_stats(rounds_a, rounds_b, better):
@@ -2264,19 +2266,6 @@ def paired_calls_stats(rounds_a, rounds_b, better):
         raise ValueError("need the same number of rounds on each side, at least two")
     r = stats.paired_interval([float(np.median(x)) for x in rounds_a], [float(np.median(x)) for x in rounds_b], better)
     return r["gain"], r["low"], r["high"]
-
-
-def paired_no_pair_count(rounds_a, rounds_b, better):
-    # one pair left to stats.t_quantile, whose ValueError (0 degrees of freedom) says nothing of pairs
-    from helpers.validation import stats
-    if len(rounds_a) != len(rounds_b):
-        raise ValueError("need the same number of rounds on each side")
-    ma, mb = _round_medians(rounds_a, rounds_b)
-    d = np.log(ma / mb) if better == "lower" else np.log(mb / ma)
-    k = len(d)
-    t = stats.t_quantile(0.975, k - 1)
-    half = t * d.std(ddof=1) / np.sqrt(k)
-    return float(np.exp(d.mean())), float(np.exp(d.mean() - half)), float(np.exp(d.mean() + half))
 
 
 def paired_unpaired(rounds_a, rounds_b, better):

@@ -22,7 +22,6 @@ import importlib
 import inspect
 import math
 import os
-import re
 import sys
 import tempfile
 import threading
@@ -34,7 +33,7 @@ import torch
 from torch import nn
 
 from helpers.checks import CheckFailed
-from helpers.grading.judge import RECORDER_OFF, judge_case
+from helpers.grading.judge import RECORDER_OFF, judge_case, plain_name
 from helpers.device import capabilities
 
 
@@ -1409,17 +1408,20 @@ def interval_named(fn, rounds_a, rounds_b, better) -> tuple[str, float, float]:
     from helpers.validation import stats
     _, low, high = fn(rounds_a, rounds_b, better)
     low, high = float(low), float(high)
-    log_a, log_b = (np.log([float(np.median(r)) for r in rounds]) for rounds in (rounds_a, rounds_b))
-    d = (log_a - log_b) if better == "lower" else (log_b - log_a)
+    medians_a, medians_b = ([float(np.median(r)) for r in rounds] for rounds in (rounds_a, rounds_b))
+    right = _unrecorded(lambda: stats.paired_interval(medians_a, medians_b, better))
+    d = np.log(right["round_gains"])
     k = len(d)
     t = stats.t_quantile(0.975, k - 1)
-    spread = float(d.std(ddof=1)) / math.sqrt(k)
+    spread = right["sd_log"] / math.sqrt(k)
 
-    def distance(half):   # the larger relative difference of the two ends
-        ends = (math.exp(d.mean() - half), math.exp(d.mean() + half))
+    def distance(ends):   # the larger relative difference of the two ends
         return max(abs(got - want) / abs(want) for got, want in zip((low, high), ends))
 
-    if distance(t * spread) <= 1e-6:
+    def around_the_mean(half):
+        return math.exp(d.mean() - half), math.exp(d.mean() + half)
+
+    if distance((right["low"], right["high"])) <= 1e-6:
         return "the 95% t interval on the paired log-gains", low, high
     mistakes = {
         "an interval with the normal quantile 1.96 where Student's t with k - 1 degrees of freedom belongs "
@@ -1431,11 +1433,13 @@ def interval_named(fn, rounds_a, rounds_b, better) -> tuple[str, float, float]:
         "an interval with t's 95% quantile: a two-sided 95% interval leaves 2.5% in each tail, so the 97.5% "
         "quantile": stats.t_quantile(0.95, k - 1) * spread,
         "an interval from each side's spread on its own: the spread must be that of the per-pair log-gains, "
-        "so that a slow stretch shared by a pair cancels": t * math.sqrt((log_a.var(ddof=1) + log_b.var(ddof=1)) / k),
+        "so that a slow stretch shared by a pair cancels":
+            t * math.sqrt((np.log(medians_a).var(ddof=1) + np.log(medians_b).var(ddof=1)) / k),
     }
-    nearest = min(mistakes, key=lambda words: distance(mistakes[words]))
+    gaps = {words: distance(around_the_mean(half)) for words, half in mistakes.items()}
+    nearest = min(gaps, key=gaps.get)
     # 1e-4: 1.96 or 1.959964, a t read from a table
-    return (nearest if distance(mistakes[nearest]) <= 1e-4 else "another interval"), low, high
+    return (nearest if gaps[nearest] <= 1e-4 else "another interval"), low, high
 
 
 def own_value_error(fn, *args, **kwargs) -> str:
@@ -1453,18 +1457,13 @@ def own_value_error(fn, *args, **kwargs) -> str:
             tb = tb.tb_next
         code = tb.tb_frame.f_code
         if _in_library(code.co_filename):
-            return f"a ValueError raised inside {_plain(code.co_name)}, not by a check of its own"
+            return f"a ValueError raised inside {plain_name(code.co_name)}, not by a check of its own"
         return "its own ValueError"
     except Exception as exc:   # noqa: BLE001 (the wrong kind of error is this case's answer)
         if type(exc).__name__ == "CellTimeout":
             raise
-        return _plain(type(exc).__name__) + ", not a ValueError"
+        return plain_name(type(exc).__name__) + ", not a ValueError"
     return "no error"
-
-
-def _plain(name: str) -> str:
-    """A name from a submission's objects: letters, digits, '_' and '.' only."""
-    return re.sub(r"[^\w.]", "?", str(name))[:80]
 
 
 def _library_roots() -> tuple[str, ...]:

@@ -27,7 +27,7 @@ def untrusted(text: str, limit: int = 300) -> str:
     return "`" + flat.replace("`", "'") + "`"
 
 
-def _name(text: str) -> str:
+def plain_name(text: str) -> str:
     """A class name from a submission: letters, digits, '_' and '.' only."""
     return re.sub(r"[^\w.]", "?", str(text))[:80]
 
@@ -38,7 +38,7 @@ class _Placeholder:
 
 def _returned(value):
     if isinstance(value, dict) and "type" in value:
-        return type(_name(value["type"]), (_Placeholder,), {})()
+        return type(plain_name(value["type"]), (_Placeholder,), {})()
     return value
 
 
@@ -63,7 +63,7 @@ def judge_case(exercise: Exercise, case: Case, expected, got: dict) -> str | Non
             if raised is None:
                 return f"❌ {what}: did not raise {case.raises}\n   Hint: {case.hint or 'validate the input first'}"
             if raised["type"] != case.raises:
-                return (f"❌ {what}: raised {_name(raised['type'])}: {untrusted(raised['message'])}, expected {case.raises}\n"
+                return (f"❌ {what}: raised {plain_name(raised['type'])}: {untrusted(raised['message'])}, expected {case.raises}\n"
                         f"   Hint: {case.hint}")
             if case.match and case.match not in raised["message"]:
                 return (f"❌ {what}: the {case.raises} message {untrusted(raised['message'])} does not mention "
@@ -72,7 +72,7 @@ def judge_case(exercise: Exercise, case: Case, expected, got: dict) -> str | Non
         if raised is not None:
             if raised["type"] == "CellTimeout":
                 return f"❌ {what}: ran past the time limit and was stopped\n   Hint: look for a loop that never ends"
-            return (f"❌ {what}: raised {_name(raised['type'])}: {untrusted(raised['message'])}\n"
+            return (f"❌ {what}: raised {plain_name(raised['type'])}: {untrusted(raised['message'])}\n"
                     f"   Hint: {case.hint or 'run the function on this kind of input in your notebook'}")
         with _quiet():
             _compare(_returned(got["value"]), expected, what, case)
