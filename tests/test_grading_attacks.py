@@ -341,9 +341,28 @@ def test_text_from_a_submission_is_inert_in_scores_and_feedback(graded):
     assert not any(line.startswith(("✅", "## Score", "=")) for line in text.splitlines()), text
 
 
+def can_create_cgroups() -> bool:
+    cgroup = isolation.create_cgroup(f"probe-{time.time_ns()}", memory_mb=64, cpus=1)
+    isolation.remove_cgroup(cgroup)
+    return cgroup is not None
+
+
 def test_rows_say_whether_they_were_isolated(graded):
-    expected = "isolated" if ISOLATED else "not isolated"
-    assert all(r["isolation"].startswith(expected) for r in graded["rows"].values())
+    expected = isolation.row_isolation(isolation.isolation_problem(), can_create_cgroups())
+    assert {r["isolation"] for r in graded["rows"].values()} == {expected}
+    assert graded["result"]["isolation"].startswith(expected.split(":")[0])
+
+
+@pytest.mark.skipif(not ISOLATED, reason="needs the grader's isolation")
+def test_without_a_cgroup_no_row_says_isolated(tmp_path, monkeypatch):
+    monkeypatch.setattr(isolation, "create_cgroup", lambda *a, **k: None)
+    nbformat.write(SOLUTION, str(tmp_path / "honest.ipynb"))
+    result = grade_submissions("00_warmup_lab", tmp_path, out_dir=tmp_path / "graded", workers=1, seed=3)
+    row = result["students"][0]
+    assert row["total"] == 2.0 and row["isolation"].startswith("partly isolated") and "no cgroup" in row["isolation"]
+    assert result["isolation"].startswith("partly isolated") and "1 of 1" in result["isolation"]
+    assert "partly isolated" in (tmp_path / "graded" / "scores.csv").read_text()
+    assert "Graded partly isolated" in (tmp_path / "graded" / "feedback" / "honest.md").read_text()
 
 
 def test_without_isolation_the_grader_warns_and_every_row_says_so(tmp_path, monkeypatch):

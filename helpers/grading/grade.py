@@ -26,7 +26,6 @@ import os
 import re
 import secrets
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -111,15 +110,15 @@ class _Usage:
         return memory_mb([self.root] + process_tree(self.root))
 
 
-def _sandbox_process(job: dict, isolated: bool, cgroup: dict | None, work: Path, writable: dict) -> tuple:
+def _sandbox_process(job: dict, isolated: bool, cgroup: dict | None, work: Path, scratch: dict) -> tuple:
     """Start the sandbox: returns (process, the results pipe's read end)."""
     read_fd, write_fd = os.pipe()
     command = [sys.executable, "-I", "-m", "helpers.grading.sandbox", str(write_fd)]
     threads, extra = job["threads"], {HEADLESS_ENV: "1", "LABS_CACHE": str(CACHE_DIR.parent)}
     if isolated:
         argv = isolation.in_cgroup(cgroup, isolation.sandbox_argv(command, threads=threads, env=extra,
-                                                                  writable=writable))
-        env, cwd = None, None
+                                                                  scratch=scratch))
+        env, cwd = None, "/"
     else:
         argv, cwd = command, work
         env = isolation.sandbox_env(threads, {**extra, "HOME": str(work), "TMPDIR": str(work)})
@@ -141,17 +140,18 @@ def _feed(proc: subprocess.Popen, blob: bytes) -> None:
 
 
 def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: float, cpu_left: float,
-                wall_left: float, writable: dict, step_cpu) -> dict:
+                wall_left: float, scratch: dict, step_cpu) -> dict:
     """Run the sandbox once within what is left of the submission's budget, and each of its steps (the start,
     a cell, an exercise's calls: step_cpu(marker) is its CPU limit inside the sandbox) within STEP_CPU_FACTOR
     times that in CPU time and STEP_WALL_FACTOR times in wall time, plus STEP_SLACK_S: what ignores the
     sandbox's own limit, or waits without computing, costs only its step. Returns {"messages", "stopped"
-    (None, "timeout", "memory", "too much output", "crashed (...)"), "cpu_seconds", "wall_seconds"}."""
+    (None, "timeout", "memory", "too much output", "crashed (...)"), "cpu_seconds", "wall_seconds", "cgroup"
+    (whether the attempt ran in a cgroup of its own)}."""
     cgroup = isolation.create_cgroup(f"{os.getpid()}-{secrets.token_hex(4)}", memory_mb=memory_limit_mb * 1.5,
                                      cpus=job["threads"]) if isolated else None
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
-        proc, fd = _sandbox_process(job, isolated, cgroup, Path(tmp), writable)
+        proc, fd = _sandbox_process(job, isolated, cgroup, Path(tmp), scratch)
         _feed(proc, blob)
         usage, buffer, messages, received, stopped = _Usage(psutil.Process(proc.pid), cgroup), bytearray(), [], 0, None
         eof, step_limit, step_wall, step_cpu_start = False, step_cpu("cells"), start, 0.0
@@ -204,24 +204,25 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
             stopped = {"SIGXCPU": "timeout", "SIGKILL": "killed (SIGKILL)"}.get(name, f"crashed ({name})")
         else:
             stopped = f"crashed (exit status {code})"
-    return {"messages": messages, "stopped": stopped, "cpu_seconds": cpu, "wall_seconds": time.monotonic() - start}
+    return {"messages": messages, "stopped": stopped, "cpu_seconds": cpu, "wall_seconds": time.monotonic() - start,
+            "cgroup": cgroup is not None}
 
 
 def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *, threads: int,
                    memory_limit_mb: float, isolated: bool, protected: list[Path]) -> dict:
     """Every attempt a submission needs, within one budget: returns {"results": {function: entry},
     "faults": {function: text}, "stops", "flags", "cell_errors", "cpu_seconds", "wall_seconds",
-    "cell_cpu_seconds"}."""
+    "cell_cpu_seconds", "cgroup" (whether every attempt ran in a cgroup of its own)}."""
     remaining = [e.function for e in spec.exercises]
     faults, stops, skip, notes, results, flags, cell_errors, cell_cpu = {}, [], [], [], {}, set(), [], []
-    cpu_used = wall_used = 0.0
+    cpu_used, wall_used, in_cgroups = 0.0, 0.0, True
     try:
         text = notebook.read_text()
         nbformat.validate(nbformat.reads(text, as_version=4))
     except Exception as exc:   # not JSON, not a notebook: nothing to run
         faults = {name: f"the submission is not a valid notebook ({type(exc).__name__})" for name in remaining}
         stops, remaining = ["malformed notebook"], []
-    writable = _writable_folders(spec, isolated)
+    scratch = _scratch_folders(spec, isolated)
     cell_limits = dict(limits["cell_cpu_seconds"])
 
     def step_cpu(marker: str) -> float:
@@ -230,83 +231,76 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
             return limits["call_cpu_seconds"][marker]
         cell = re.fullmatch(r"cell (\d+)", marker)
         return cell_limits.get(int(cell.group(1)), limits["cell_cpu_default"]) if cell else limits["cell_cpu_default"]
-    try:
-        for _attempt in range(len(remaining) + MAX_SKIPPED_CELLS + 1):
-            if not remaining:
-                break
-            if cpu_used >= limits["budget_cpu_seconds"] or wall_used >= limits["wall_seconds"]:
-                for name in remaining:
-                    faults.setdefault(name, "not run: the submission's time budget was spent")
-                remaining = []
-                break
-            job = {"skip_cells": skip, "exercises": remaining, "notebook": text, "threads": threads,
-                   "inputs": {name: inputs[name] for name in remaining}, "limits": {
-                       **limits, "address_space_mb": memory_limit_mb if capabilities().build_accelerator is None
-                       else None},   # a GPU build maps gigabytes of libraries: only the watcher's limit applies
-                   "protected": [str(p) for p in protected], "allow_processes": spec.allow_processes,
-                   "native_library_roots": list(writable) if spec.allow_processes else []}
-            buffer = io.BytesIO()
-            torch.save(job, buffer)
-            attempt = run_attempt(job, buffer.getvalue(), isolated=isolated, memory_limit_mb=memory_limit_mb,
-                                  cpu_left=limits["budget_cpu_seconds"] - cpu_used,
-                                  wall_left=limits["wall_seconds"] - wall_used, writable=writable, step_cpu=step_cpu)
-            cpu_used += attempt["cpu_seconds"]
-            wall_used += attempt["wall_seconds"]
-            marker, done = "cells", False
-            for message in attempt["messages"]:
-                if message is UNREADABLE:
-                    flags.add("sent the grader a message it could not read")
-                elif "at" in message:
-                    marker = message["at"]
-                elif "cells" in message:
-                    cell_errors, cell_cpu = message["cells"], message["cell_cpu_seconds"]
-                    flags |= set(message["flags"])
-                elif "result" in message and message["result"] in remaining:
-                    results[message["result"]] = message["entry"]
-                    flags |= set(message["flags"])
-                elif message.get("done"):
-                    done = True
-            stopped = attempt["stopped"]
-            if stopped:
-                stops.append(stopped)
-            if stopped is None and done:
-                break
-            why = STOP_TEXT.get(stopped, stopped) if stopped else "ended its process early"
-            cell = re.fullmatch(r"cell (\d+)", marker)
-            if cell and len(skip) < MAX_SKIPPED_CELLS:   # run again without that cell
-                skip.append(int(cell.group(1)))
-                notes.append(f"cell {skip[-1]} {why}; it was left out and the notebook run again")
-                continue
-            if marker not in remaining:   # while the cells ran (or a marker the submission sent itself)
-                for name in remaining:
-                    if name not in results:
-                        faults[name] = f"the notebook {why} while its cells ran"
-                break
-            faults[marker] = f"the function {why}"
-            remaining = [n for n in remaining if n not in results and n not in faults]
-        for name in remaining:
-            if name not in results and name not in faults:
-                faults[name] = "could not be graded: the notebook kept stopping early"
-    finally:
-        for host in writable.values():
-            if host != CACHE_DIR:
-                shutil.rmtree(host, ignore_errors=True)
+    for _attempt in range(len(remaining) + MAX_SKIPPED_CELLS + 1):
+        if not remaining:
+            break
+        if cpu_used >= limits["budget_cpu_seconds"] or wall_used >= limits["wall_seconds"]:
+            for name in remaining:
+                faults.setdefault(name, "not run: the submission's time budget was spent")
+            remaining = []
+            break
+        job = {"skip_cells": skip, "exercises": remaining, "notebook": text, "threads": threads,
+               "inputs": {name: inputs[name] for name in remaining}, "limits": {
+                   **limits, "address_space_mb": memory_limit_mb if capabilities().build_accelerator is None
+                   else None},   # a GPU build maps gigabytes of libraries: only the watcher's limit applies
+               "protected": [str(p) for p in protected], "allow_processes": spec.allow_processes,
+               "native_library_roots": list(scratch) if spec.allow_processes else [],
+               "scratch_seeds": isolation.scratch_seeds(scratch) if isolated else {}}
+        buffer = io.BytesIO()
+        torch.save(job, buffer)
+        attempt = run_attempt(job, buffer.getvalue(), isolated=isolated, memory_limit_mb=memory_limit_mb,
+                              cpu_left=limits["budget_cpu_seconds"] - cpu_used,
+                              wall_left=limits["wall_seconds"] - wall_used, scratch=scratch, step_cpu=step_cpu)
+        cpu_used += attempt["cpu_seconds"]
+        in_cgroups = in_cgroups and attempt["cgroup"]
+        wall_used += attempt["wall_seconds"]
+        marker, done = "cells", False
+        for message in attempt["messages"]:
+            if message is UNREADABLE:
+                flags.add("sent the grader a message it could not read")
+            elif "at" in message:
+                marker = message["at"]
+            elif "cells" in message:
+                cell_errors, cell_cpu = message["cells"], message["cell_cpu_seconds"]
+                flags |= set(message["flags"])
+            elif "result" in message and message["result"] in remaining:
+                results[message["result"]] = message["entry"]
+                flags |= set(message["flags"])
+            elif message.get("done"):
+                done = True
+        stopped = attempt["stopped"]
+        if stopped:
+            stops.append(stopped)
+        if stopped is None and done:
+            break
+        why = STOP_TEXT.get(stopped, stopped) if stopped else "ended its process early"
+        cell = re.fullmatch(r"cell (\d+)", marker)
+        if cell and len(skip) < MAX_SKIPPED_CELLS:   # run again without that cell
+            skip.append(int(cell.group(1)))
+            notes.append(f"cell {skip[-1]} {why}; it was left out and the notebook run again")
+            continue
+        if marker not in remaining:   # while the cells ran (or a marker the submission sent itself)
+            for name in remaining:
+                if name not in results:
+                    faults[name] = f"the notebook {why} while its cells ran"
+            break
+        faults[marker] = f"the function {why}"
+        remaining = [n for n in remaining if n not in results and n not in faults]
+    for name in remaining:
+        if name not in results and name not in faults:
+            faults[name] = "could not be graded: the notebook kept stopping early"
     return {"results": results, "faults": faults, "stops": stops, "flags": sorted(flags),
             "cell_errors": notes + cell_errors, "cpu_seconds": cpu_used, "wall_seconds": wall_used,
-            "cell_cpu_seconds": cell_cpu}
+            "cell_cpu_seconds": cell_cpu, "cgroup": in_cgroups}
 
 
-def _writable_folders(spec: LabSpec, isolated: bool) -> dict[str, Path]:
-    """Inside path -> a fresh host folder, for what a lab must write outside its working folder: the C++
-    extension cache of labs that build code (lab 04), a private copy of the helpers' cache per submission."""
+def _scratch_folders(spec: LabSpec, isolated: bool) -> dict[str, Path | None]:
+    """What a lab must write outside its working folder (the C++ extension cache of labs that build code):
+    inside path -> the host folder it starts as a copy of. Isolated, a bounded tmpfs inside the sandbox that
+    never reaches the host; without isolation, the host's own cache."""
     if not spec.allow_processes:
         return {}
-    if not isolated:
-        return {str(CACHE_DIR): CACHE_DIR}
-    host = Path(tempfile.mkdtemp(prefix="labs-grade-ext-"))
-    if CACHE_DIR.is_dir():
-        shutil.copytree(CACHE_DIR, host, dirs_exist_ok=True, symlinks=True)
-    return {str(CACHE_DIR): host}
+    return {str(CACHE_DIR): CACHE_DIR if CACHE_DIR.is_dir() else None}
 
 
 # --- Limits from the lab's solution ------------------------------------------------------------------
@@ -396,7 +390,6 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
     out = Path(out_dir) if out_dir else Path(submissions) / "graded"
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     problem = isolation.isolation_problem()
-    isolation_text = "isolated" if problem is None else f"not isolated: {problem}"
     if problem is not None:
         message = (f"GRADING WITHOUT ISOLATION: {problem}. Submissions run with the in-process guards only: a "
                    f"hostile one may read files this user can read or disturb the run. Every row says 'not isolated'.")
@@ -422,12 +415,12 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
         try:
             run = run_submission(notebook, spec, inputs, limits, threads=threads, memory_limit_mb=memory_limit_mb,
                                  isolated=problem is None, protected=protected)
-            row = grade_one(student, run, spec, cases, expected, isolation_text,
+            row = grade_one(student, run, spec, cases, expected, isolation.row_isolation(problem, run["cgroup"]),
                             interpreter_internals(notebook.read_text(errors="replace")))
         except Exception as exc:   # one submission never stops the class: it gets 0, and the row says why
             row = {"student": student, "scores": {e.title: 0.0 for e in spec.exercises}, "total": 0.0,
                    "max": sum(e.points for e in spec.exercises), "status": f"grading failed ({type(exc).__name__})",
-                   "flags": run["flags"], "isolation": isolation_text,
+                   "flags": run["flags"], "isolation": isolation.row_isolation(problem, run.get("cgroup", False)),
                    "lines": [f"❌ the grader could not grade this submission ({type(exc).__name__}: {exc}"[:300] + ")"]}
         row["seconds"] = round(time.perf_counter() - start, 1)
         row["cpu_seconds"] = round(run["cpu_seconds"], 1)
@@ -442,4 +435,4 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
             bar.update()
     write_text_atomic(scores_csv(rows, spec.exercises), out / "scores.csv")
     return {"students": rows, "csv": str(out / "scores.csv"), "feedback_dir": str(out / "feedback"),
-            "limits": limits, "reference": reference, "isolation": isolation_text}
+            "limits": limits, "reference": reference, "isolation": isolation.class_isolation(problem, rows)}

@@ -8,10 +8,19 @@ mount table would be built by a script of ours. Cgroups are not bubblewrap's: th
 (cgroup v1 or v2) where it may (as root, or in a delegated subtree), for memory, processes and CPU.
 
 Inside: uid 65534, the sandbox's own /proc (it sees only its own processes), no network but a loopback,
-a fresh /tmp and /dev/shm (tmpfs, bounded), the working folder /tmp/work; read-only: the system's /usr, /etc
-and libraries, the Python that runs the grader (its prefixes and import path) and the installed `helpers`
-package without the grading specs and without compiled caches. Not inside: the repository (solutions,
-labs, `.git`, `runs/`), the submissions, the grader's output, the user's home.
+a fresh /tmp and /dev/shm (tmpfs, bounded), the working folder /tmp/work; read-only: the system's /usr and
+libraries, the few files of /etc that Python, torch and a compiler read, the Python that runs the grader (its
+prefixes and import path) and the installed `helpers` package without the grading specs and without compiled
+caches. A lab that must write outside its working folder (a build cache) gets a bounded tmpfs there, filled
+from a read-only copy of the host's cache: nothing the submission writes reaches the host's disk. Not inside:
+the repository (solutions, labs, `.git`, `runs/`), the submissions, the grader's output, the user's home.
+
+Never host root. bwrap maps the sandbox's user to the user who started it, so a grader started as root would
+run the submission as host root in a user namespace (owner of every root file bound inside, and of what it
+writes). As root the grader therefore makes no user namespace: bwrap sets the sandbox up with root's rights,
+keeps only the two capabilities that setpriv needs, and setpriv (util-linux) becomes uid SANDBOX_UID, with no
+groups and no capabilities, before the submission's interpreter starts (bwrap's no-new-privileges flag keeps it
+so). Started by another user, the sandbox is that user's, in a user namespace that can make no other.
 """
 from __future__ import annotations
 
@@ -27,10 +36,14 @@ from pathlib import Path
 
 import helpers
 
-SANDBOX_UID = 65534                     # nobody
+SANDBOX_UID = 65534                     # nobody: inside, and on the host when the grader is root
 WORK = "/tmp/work"                      # the submission's working folder, inside
-TMPFS_MB = 512                          # each of /tmp and /dev/shm, inside
-SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
+SEEDS = "/tmp/seeds"                    # read-only copies of what a scratch folder starts with, inside
+TMPFS_MB = 512                          # each of /tmp, /dev/shm and a scratch folder, inside
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
+# what the loader, Python, torch and a compiler read from /etc (no secrets: never /etc whole)
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf",
+             "hosts", "alternatives", "os-release")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PIDS_MAX = 512                          # threads count too: torch's pools, compile workers
 PACKAGE = Path(helpers.__file__).resolve().parent
@@ -39,6 +52,14 @@ HIDDEN_IN_PACKAGE = ("grading/specs.py",)   # with every __pycache__ of the pack
 
 def bwrap() -> str | None:
     return shutil.which("bwrap")
+
+
+def setpriv() -> str | None:
+    return shutil.which("setpriv")
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,6 +72,8 @@ def isolation_problem() -> str | None:
         return f"namespaces are Linux's; this is {sys.platform}"
     if bwrap() is None:
         return "bubblewrap (bwrap) is not installed: apt install bubblewrap (or dnf, pacman, apk)"
+    if is_root() and setpriv() is None:
+        return "as root the grader drops to an unprivileged user with setpriv, which is missing: apt install util-linux"
     probe = sandbox_argv([sys.executable, "-I", "-c", "import helpers"], threads=1)
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
@@ -60,6 +83,31 @@ def isolation_problem() -> str | None:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         return f"bwrap could not create the namespaces here ({last}); unprivileged user namespaces may be off"
     return None
+
+
+NO_CGROUP = ("no cgroup (the grader may create one as root or in a delegated cgroup subtree), so memory, "
+             "processes and CPU were held only by the grader's watch")
+
+
+def row_isolation(problem: str | None, cgroup: bool) -> str:
+    """A row's word on isolation: "isolated" only with every layer in place (namespaces, a user that is not
+    the host's root, a cgroup of its own), else which layer was missing."""
+    if problem is not None:
+        return f"not isolated: {problem}"
+    return "isolated" if cgroup else f"partly isolated: namespaces and an unprivileged user, but {NO_CGROUP}"
+
+
+def class_isolation(problem: str | None, rows: list[dict]) -> str:
+    """The class report's word on isolation: the layers each submission had."""
+    if problem is not None:
+        return f"not isolated: {problem}"
+    user = (f"uid {SANDBOX_UID} on the host (the grader runs as root and drops to it)" if is_root()
+            else "the grader's own user, in a user namespace that can make no other")
+    partly = sum(r["isolation"] != "isolated" for r in rows)
+    cgroups = ("a cgroup per submission (memory, processes, CPU)" if not partly else
+               f"{NO_CGROUP} for {partly} of {len(rows)} submissions")
+    return (f"{'partly isolated' if partly else 'isolated'}: bubblewrap's namespaces (mount, PID, network, IPC, "
+            f"UTS), {user}, {cgroups}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,29 +139,52 @@ def sandbox_env(threads: int, extra: dict | None = None) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", **(extra or {})}
 
 
+def _parent_dirs(dests: list[str]) -> list[str]:
+    """The folders above each bound path that no bind provides, outermost first: made traversable (0755), where
+    bwrap would copy their host mode (root's home is 0700)."""
+    parents = {str(p) for d in dests for p in Path(d).parents if str(p) != "/"}
+    return sorted((p for p in parents if not any(p == d or p.startswith(d + "/") for d in dests)),
+                  key=lambda p: p.count("/"))
+
+
 def sandbox_argv(command: list[str], *, threads: int, env: dict | None = None,
-                 writable: dict[str, Path] | None = None) -> list[str]:
+                 scratch: dict[str, Path | None] | None = None) -> list[str]:
     """bwrap's command line for `command`: the namespaces, the read-only system and Python, the package without
-    what is hidden, tmpfs for /tmp and /dev/shm, and each `writable` host folder bound at its inside path."""
-    argv = [bwrap(), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "grading", "--clearenv"]
+    what is hidden, tmpfs for /tmp and /dev/shm, and for each `scratch` folder (inside path -> the host folder
+    it starts as a copy of, or None) a bounded tmpfs, with the host folder bound read-only under SEEDS."""
+    argv = [bwrap(), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--hostname", "grading", "--clearenv", "--cap-drop", "ALL"]
+    if is_root():   # no user namespace: it would map the sandbox's user to host root (see the module)
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        command = [setpriv(), f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+                   "--inh-caps=-all", "--", *command]
+    else:
+        argv += ["--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
     for name, value in sandbox_env(threads, env).items():
         argv += ["--setenv", name, value]
     # the fresh /tmp first: what is bound below may live under /tmp (a clone, a venv) and must stay visible
-    argv += ["--size", str(TMPFS_MB * 2**20), "--tmpfs", "/tmp"]
-    for path in SYSTEM_DIRS:
-        argv += ["--ro-bind-try", path, path]
-    for path in _python_paths():
-        argv += ["--ro-bind", str(path), str(path)]
-    argv += ["--ro-bind", str(PACKAGE), str(PACKAGE)]
+    argv += ["--perms", "1777", "--size", str(TMPFS_MB * 2**20), "--tmpfs", "/tmp"]
+    binds = [(path, path) for path in SYSTEM_DIRS if os.path.lexists(path)]
+    binds += [(f"/etc/{name}", f"/etc/{name}") for name in ETC_FILES if os.path.exists(f"/etc/{name}")]
+    binds += [(str(path), str(path)) for path in _python_paths()] + [(str(PACKAGE), str(PACKAGE))]
+    binds += [(str(scratch[inside]), seed) for inside, seed in scratch_seeds(scratch or {}).items()]
+    for path in _parent_dirs([dest for _, dest in binds] + list(scratch or {})):
+        argv += ["--perms", "0755", "--dir", path]
+    for host, dest in binds:
+        argv += ["--ro-bind-try" if host in SYSTEM_DIRS else "--ro-bind", host, dest]
     for path in _hidden_package_paths():
         argv += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
     argv += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(TMPFS_MB * 2**20), "--tmpfs", "/dev/shm",
-             "--dir", WORK, "--dir", "/tmp/home", "--chdir", WORK]
-    for inside, host in (writable or {}).items():
-        argv += ["--bind", str(host), inside]
+             "--perms", "1777", "--size", str(TMPFS_MB * 2**20), "--tmpfs", "/dev/shm",
+             "--perms", "0777", "--dir", WORK, "--perms", "0777", "--dir", "/tmp/home", "--chdir", WORK]
+    for inside in scratch or {}:
+        argv += ["--perms", "0777", "--size", str(TMPFS_MB * 2**20), "--tmpfs", inside]
     return argv + ["--", *command]
+
+
+def scratch_seeds(scratch: dict[str, Path | None]) -> dict[str, str]:
+    """Inside: scratch folder -> where its starting copy is bound (what the sandbox copies in first)."""
+    return {inside: f"{SEEDS}/{i}" for i, (inside, host) in enumerate(scratch.items()) if host}
 
 
 # --- cgroups: memory, processes and CPU of one submission -----------------------------------------

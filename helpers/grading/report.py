@@ -23,8 +23,10 @@ def csv_cell(value):
 def feedback(row: dict, lab: str, exercises, run: dict) -> str:
     text = [f"# {lab}: feedback for {untrusted(row['student'], 100)}", "",
             f"Score: {row['total']:g} / {row['max']:g}", ""]
-    if row["isolation"] != "isolated":
+    if row["isolation"].startswith("not isolated"):
         text += [f"Graded without operating-system isolation ({row['isolation']}).", ""]
+    elif row["isolation"] != "isolated":
+        text += [f"Graded {row['isolation']}.", ""]
     for ex in exercises:
         text.append(f"- {ex.title}: {row['scores'][ex.title]:g} / {ex.points:g}")
     text += ["", "## Checks", ""] + [line.replace("\n", "\n    ") for line in row["lines"]]
