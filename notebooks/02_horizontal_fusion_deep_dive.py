@@ -263,13 +263,21 @@ else:
 # hand-written `sgd_step` on plain tensors is exactly that case. A compiled `torch.optim` step is not:
 # Dynamo marks the parameters and the optimizer's state as static addresses
 # (`torch/_dynamo/variables/optimizer.py`), so its in-place updates can be graphed. The cell below
-# (CUDA and ROCm builds) measures both, following the recipe's wrapper and five-call warm-up.
+# (CUDA and ROCm builds) measures both. As in the core lesson, each optimizer takes **one eager step
+# before it is compiled**, so its momentum buffers exist before any graph is recorded. Compiled from its
+# very first call instead, the reduce-overhead step creates them inside that call's graph, and the next
+# call (recompiled, since the optimizer's state changed) raises `RuntimeError: Error: accessing tensor
+# output of CUDAGraphs that has been overwritten by a subsequent run` (seen on an H200;
+# `torch.compiler.cudagraph_mark_step_begin()` before each call does not help; the eager step does, with no
+# graph skipped). Five calls then warm both up.
 
 # %%
 if requires("torch_cuda", section="CUDA graphs on the optimizer step"):
     params, grads, _ = fresh_state()
     opt_default, _ = fusion.sgd_optimizer(params, grads, foreach=True)
     opt_graphed, _ = fusion.sgd_optimizer(params, grads, foreach=True)
+    for opt in (opt_default, opt_graphed):
+        opt.step()                            # eager first step: the momentum buffers exist before any graph
     step_default = torch.compile(opt_default.step)
     step_graphed = torch.compile(opt_graphed.step, mode="reduce-overhead")
     skips = counters["inductor"]["cudagraph_skips"]

@@ -167,3 +167,34 @@ def test_the_check_catches_a_renamed_attribute_and_a_dropped_keyword():
     assert any("_record_memory_history" in p and "max_entrees" in p for p in found)
     assert any("bench.compare" in p and "device" in p for p in found)
     assert any("import varlen_attention" in p for p in found)
+
+
+def unstepped_graphed_optimizers(source: str) -> list[str]:
+    """The optimizers a cell compiles with mode="reduce-overhead" (torch.compile(OPT.step, ...)) without an eager
+    OPT.step() before, directly or in a loop over OPT: their first graph would create the state the next call
+    overwrites (CUDA graph trees raise "accessing tensor output of CUDAGraphs that has been overwritten")."""
+    stepped, missing = set(), []
+    for node in ast.walk(ast.parse(source)):   # breadth-first: a statement's calls before a later statement's
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Tuple):
+            if any(isinstance(c, ast.Call) and _chain(c.func) == [node.target.id, "step"] for c in ast.walk(node)):
+                stepped |= {e.id for e in node.iter.elts if isinstance(e, ast.Name)}
+        if not isinstance(node, ast.Call):
+            continue
+        chain = _chain(node.func)
+        if chain and len(chain) == 2 and chain[1] == "step" and not node.args:
+            stepped.add(chain[0])
+        graphed = any(k.arg == "mode" and getattr(k.value, "value", None) == "reduce-overhead" for k in node.keywords)
+        if chain == ["torch", "compile"] and graphed and node.args and (_chain(node.args[0]) or [""])[-1] == "step":
+            opt = _chain(node.args[0])[0]
+            if opt not in stepped:
+                missing.append(opt)
+    return missing
+
+
+def test_a_graphed_optimizer_step_follows_an_eager_step():
+    graphed = [(path, index, source) for path, index, _, source in CELLS if "reduce-overhead" in source]
+    assert graphed, "no cell compiles with mode='reduce-overhead': the check below would pass vacuously"
+    for path, index, source in graphed:
+        assert not unstepped_graphed_optimizers(source), f"{path} cell {index}"
+    assert unstepped_graphed_optimizers("opt = make()\nstep = torch.compile(opt.step, mode='reduce-overhead')\n"
+                                        "step()") == ["opt"]
