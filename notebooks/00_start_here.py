@@ -43,8 +43,6 @@ QUICK = False   # quick mode: small sizes, for CI and a first look (papermill: -
 # and what would run it, and the run's record keeps it. The table is `python -m helpers doctor`.
 
 # %%
-import math
-
 import torch
 from IPython.display import HTML, display
 
@@ -100,50 +98,39 @@ size_guess = predict("With 16 tensors, where is _foreach_add_'s advantage over t
 
 
 # %% tags=["reveal"]
-def foreach_sweep_point(log2_size: int) -> dict:
-    ts = [torch.randn(2 ** log2_size, device=DEVICE) for _ in range(16)]
+def foreach_point(n: int) -> dict:
+    ts = [torch.randn(2 ** n, device=DEVICE) for _ in range(16)]
     return bench.compare({"loop": lambda: [t.add_(1.0) for t in ts], "foreach": lambda: torch._foreach_add_(ts, 1.0)},
                          repeats=3 if QUICK else 5, min_run_time=0.02 if QUICK else 0.05, device=DEVICE)["results"]
 
 
-def foreach_speedup(log2_size: int) -> float:
-    return foreach_sweep_point(log2_size)["foreach"]["ratio_to_baseline"]
-
-
-points = {n: foreach_sweep_point(n) for n in SWEEP}          # measured once; the check below reads it
+points = {n: foreach_point(n) for n in SWEEP}          # measured once; the check below reads it
 sweep = {n: point["foreach"]["ratio_to_baseline"] for n, point in points.items()}
-print(f"_foreach_add_ against the loop on {DEVICE.type}, 16 tensors of 2^n floats:")
-print("   ".join(f"2^{n}: {ratio:.2f}x" for n, ratio in sweep.items()))
-# The two-term model: a loop step costs one call (measured at 2^4, where the arithmetic is nothing) plus the
-# tensor's traffic (8 bytes a float, read and written, at the bandwidth _foreach_add_ reaches at 2^TOP).
-per_call_us = points[4]["loop"]["median_s"] / 16 * 1e6
-bandwidth_gbs = 16 * 2 ** TOP * 8 / points[TOP]["foreach"]["median_s"] / 1e9
-even_log2 = math.log2(per_call_us * 1e-6 * bandwidth_gbs * 1e9 / 8)
-print(f"per call {per_call_us:.1f} us, streaming {bandwidth_gbs:.0f} GB/s: one tensor's traffic equals one call's "
-      f"cost near 2^{even_log2:.1f} floats")
-small, large = sweep[4], sweep[TOP]
+print(f"_foreach_add_ against the loop on {DEVICE.type}, 16 tensors of 2^n floats:\n"
+      + "   ".join(f"2^{n}: {ratio:.2f}x" for n, ratio in sweep.items()))
+# Two terms: a call's cost (the loop at 2^4, all overhead) and a tensor's traffic (8 bytes a float at 2^TOP's speed)
+per_call_us, bandwidth_gbs = points[4]["loop"]["median_s"] / 16 * 1e6, 2**TOP * 128 / points[TOP]["foreach"]["median_s"] / 1e9
+even_log2, small, large = torch.tensor(per_call_us * bandwidth_gbs * 1e3 / 8).log2().item(), sweep[4], sweep[TOP]
 measured = ("about the same" if max(small, large) / min(small, large) < 1.25
             else "at 2^4 floats per tensor" if small > large else f"at 2^{TOP} floats per tensor")
-reveal(size_guess, measured, why=f"{small:.1f}x at 2^4 against {large:.1f}x at 2^{TOP}: with 16 floats the per-call "
-       f"cost ({per_call_us:.1f} us here) is the whole time. The advantage fades once a tensor's traffic outweighs "
-       f"that cost: at {bandwidth_gbs:.0f} GB/s, from about 2^{even_log2:.0f} floats (where the two are equal and "
-       "the loop is still about 2x slower) upwards."
-       + (" Far below 1x is other load on this machine: run the cell again." if large < 0.8 else ""))
+reveal(size_guess, measured, why=f"{small:.1f}x at 2^4 against {large:.1f}x at 2^{TOP}. A call costs {per_call_us:.1f} "
+       f"us here, and memory streams at {bandwidth_gbs:.0f} GB/s: one tensor's traffic equals one call's cost near "
+       f"2^{even_log2:.1f} floats (there the loop is still about 2x slower). Below that the calls are the whole time; "
+       "above it the traffic is." + (" Far below 1x is other load here: run the cell again." if large < 0.8 else ""))
 
 # %% [markdown]
 # ## Your turn: where does the overhead stop mattering?
 
 # %% tags=["your-turn"]
-# Read the sweep above: at which smallest size n (an even number in the sweep) is _foreach_add_ less than
-# 1.2 times faster than the loop? The model says where to look: 1.2x needs each tensor's traffic to be about
-# five times the cost of a call. Set log2_size to it and run the check, which reads the same sweep. The
-# slider (in JupyterLab) re-measures one size live if you want to look closer.
+# At which smallest size n of the sweep is _foreach_add_ less than 1.2 times faster than the loop? (1.2x
+# needs a tensor's traffic about five times a call's cost.) Set log2_size and run the check, which reads the
+# same sweep; the slider (in JupyterLab) re-measures one size live.
 import ipywidgets as widgets
 
 from helpers.interactive import interact
 
-interact(lambda log2_size: print(f"2^{log2_size} floats per tensor: {foreach_speedup(log2_size):.1f}x"),
-         log2_size=widgets.IntSlider(value=8, min=SWEEP[0], max=TOP, step=2));
+interact(lambda n: print(f"2^{n} floats per tensor: {foreach_point(n)['foreach']['ratio_to_baseline']:.1f}x"),
+         n=widgets.IntSlider(value=8, min=SWEEP[0], max=TOP, step=2));
 log2_size = None
 
 # %%
@@ -151,11 +138,9 @@ from helpers.checks import fail, your_turn
 
 def check_size():
     if not any(ratio < 1.2 for ratio in sweep.values()):
-        fail("the sweep", f"no size up to 2^{TOP} got below 1.2x here", "run the sweep cell again (other load on "
-             "this machine inflates the loop's time) and read it anew")
+        fail("the sweep", f"no size up to 2^{TOP} got below 1.2x here", "other load? run the sweep cell again")
     if log2_size not in sweep:
-        fail("the size", f"log2_size is {log2_size!r}", f"set it to an even number from {SWEEP[0]} to {TOP}, "
-             "from the sweep")
+        fail("the size", f"log2_size is {log2_size!r}", f"set it to an even number from {SWEEP[0]} to {TOP}")
     if sweep[log2_size] >= 1.2:
         fail("the size", f"at 2^{log2_size} the sweep has _foreach_add_ at {sweep[log2_size]:.2f}x, still 1.2x "
              "or more", "go larger: the arithmetic must outweigh the calls")

@@ -425,8 +425,18 @@ def ordered_map_refill_first(fn, items, workers, prefetch=None, seed=0):
 
 
 def ordered_map_twice_workers(fn, items, workers, prefetch=None, seed=0):
-    # takes thread_map's default (2 * workers) for prefetch=None instead of deriving it
+    # a right answer: thread_map's and DataLoader's default (2 * workers), the most the exercise allows
     yield from gs._ordered_map(fn, items, workers, 2 * workers if prefetch is None else prefetch, seed)
+
+
+def ordered_map_workers_ahead(fn, items, workers, prefetch=None, seed=0):
+    # `workers` items in flight: one thread idles while the training loop holds each result
+    yield from gs._ordered_map(fn, items, workers, workers if prefetch is None else prefetch, seed)
+
+
+def ordered_map_four_times_workers(fn, items, workers, prefetch=None, seed=0):
+    # every worker busy, but four times as many items held in memory
+    yield from gs._ordered_map(fn, items, workers, 4 * workers if prefetch is None else prefetch, seed)
 
 
 def ordered_map_one_ahead(fn, items, workers, prefetch=None, seed=0):
@@ -456,7 +466,7 @@ def ordered_map_own_threads(fn, items, workers, prefetch=None, seed=0):
     # a second, differently written right answer: its own threads, a task queue, results by index
     import queue
     import threading
-    prefetch = workers if prefetch is None else prefetch
+    prefetch = workers + 2 if prefetch is None else prefetch
     tasks, done, cond = queue.SimpleQueue(), {}, threading.Condition()
 
     def work():
@@ -494,8 +504,9 @@ def ordered_map_own_threads(fn, items, workers, prefetch=None, seed=0):
 
 
 @pytest.mark.parametrize("function, fn", [("augment", augment_thread_local_buffer),
-                                          ("ordered_map", ordered_map_own_threads)],
-                         ids=["augment-thread-local-buffer", "ordered_map-own-threads"])
+                                          ("ordered_map", ordered_map_own_threads),
+                                          ("ordered_map", ordered_map_twice_workers)],
+                         ids=["augment-thread-local-buffer", "ordered_map-own-threads", "ordered_map-2x-workers"])
 def test_lab01_second_solutions_pass_every_case(function, fn):
     """Right answers written otherwise than the solution's (a per-thread buffer; threads and a queue of
     its own instead of an executor) get full marks."""
@@ -778,7 +789,7 @@ def predicted_second_solution():
 
 
 FORBIDDEN_HINT = "refused in this exercise under any name"   # judge_case's line for a forbidden call
-NAMING_HARNESSES = ("interval_named",)   # harnesses whose result names the mistake (the hint is more general)
+NAMING_HARNESSES = ("interval_named", "default_read_ahead")   # harnesses whose result names the mistake (the hint is more general)
 
 # --- Lab 03: MoE ---------------------------------------------------------------------------------
 
@@ -2652,10 +2663,12 @@ WRONG = [
           "items from a one-shot stream (a generator: no len())", "never len(), indexing or list(items)"),
     Wrong(L01, "ordered_map", "refills-before-yield", ordered_map_refill_first,
           "never more than `prefetch` items read ahead", "only after you yielded one"),
-    Wrong(L01, "ordered_map", "prefetch-2x-workers", ordered_map_twice_workers,
-          "prefetch=None: the read-ahead you derived", "every item read ahead is held in memory"),
+    Wrong(L01, "ordered_map", "prefetch-workers", ordered_map_workers_ahead,
+          "prefetch=None: the read-ahead you derived", "waited idle through the step"),
+    Wrong(L01, "ordered_map", "prefetch-4x-workers", ordered_map_four_times_workers,
+          "prefetch=None: the read-ahead you derived", "more than 2 x workers in memory"),
     Wrong(L01, "ordered_map", "prefetch-one", ordered_map_one_ahead, "prefetch=None: the read-ahead you derived",
-          "leave no worker idle"),
+          "waited idle through the step"),
     Wrong(L01, "ordered_map", "seed-ignored", ordered_map_seed_zero,
           "item i is seeded with data.item_generator(seed, i)", "a new generator per item"),
     Wrong(L01, "ordered_map", "one-shared-rng", ordered_map_one_rng,

@@ -502,14 +502,24 @@ def read_ahead(fn, n, workers, prefetch, seed) -> str:
     return f"at most {prefetch} items read ahead" if most <= prefetch else f"{most} items read ahead"
 
 
+DEFAULT_READ_AHEAD_OK = "every worker had an item while a result was held, at most 2 x workers held"
+
+
 def default_read_ahead(fn, n, workers, seed) -> str:
-    """What ordered_map reads ahead when the caller gives no prefetch, judged against `workers`."""
-    most = _most_read_ahead(fn, n, workers, seed)
-    if most < min(workers, n):
-        return f"{most} item(s) read ahead for {workers} workers: some workers wait idle"
-    if most > workers:
-        return f"{most} items read ahead for {workers} workers: more held in memory than the workers can use"
-    return "just enough to keep every worker busy"
+    """ordered_map without a prefetch, consumed as a training loop would: while the loop holds result j, the
+    items taken and not yet yielded are all the workers can run (the generator is suspended), so each must
+    be at least `workers` while the stream has more; and at most 2 x workers items may be held at once."""
+    pulled, left, most = [0], [], 0
+    for j, _ in enumerate(fn(_lab01_transform, _lab01_items(n, pulled), workers, seed=seed)):
+        most = max(most, pulled[0] - j)
+        if pulled[0] < n:                    # the stream has more: a worker without an item waits idle
+            left.append(pulled[0] - (j + 1))
+    if left and min(left) < workers:
+        return (f"while the training loop held a result, {min(left)} item(s) were left to run for {workers} "
+                f"workers: {workers - min(left)} worker(s) waited idle through the step")
+    if most > 2 * workers:
+        return f"{most} items held at once for {workers} workers: more than 2 x workers in memory"
+    return DEFAULT_READ_AHEAD_OK
 
 
 # lab 02: fusion

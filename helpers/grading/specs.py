@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from helpers.grading.checks import DEFAULT_READ_AHEAD_OK
+
 
 @dataclass(frozen=True)
 class Case:
@@ -150,12 +152,12 @@ def augment(image, rng):
 
 def _ordered_map(fn, items, workers, prefetch=None, seed=0):
     """Lab 01's reference loader (exercise 2): fn(item, rng) on `workers` threads, results in input order,
-    at most `prefetch` items (default: `workers`) taken from `items` and not yet yielded."""
+    at most `prefetch` items (default: `workers + 1`) taken from `items` and not yet yielded."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     from helpers.data import item_generator
-    prefetch = workers if prefetch is None else prefetch
+    prefetch = workers + 1 if prefetch is None else prefetch
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending = deque()
         for i, item in enumerate(items):
@@ -216,7 +218,7 @@ def _ordered_map_cases(gen):
     bound = ("take a new item from the input only after you yielded one: Executor.map, list(items) or "
              "submitting everything first reads the whole input before the first result")
     default = ("a worker can only run an item that was read, and every item read ahead is held in memory: "
-               "derive the fewest items in flight that leave no worker idle")
+               "count what the workers have left to run while the training loop holds the result you yielded")
     return [
         Case("`workers` calls run at once", (12, 3, 3, seed), call="calls_at_once", expected="3 calls at once",
              expect_value=True, hint=busy),
@@ -231,7 +233,7 @@ def _ordered_map_cases(gen):
         Case("never more than `prefetch` items read ahead", (200, 2, 4, seed), call="read_ahead",
              expected="at most 4 items read ahead", expect_value=True, hint=bound),
         Case("prefetch=None: the read-ahead you derived", (40, 3, seed), call="default_read_ahead",
-             expected="just enough to keep every worker busy", expect_value=True, hint=default),
+             expected=DEFAULT_READ_AHEAD_OK, expect_value=True, hint=default),
         Case("an empty input yields nothing", ([], 2, 2, seed), call="loader_results",
              hint="with no items there is nothing to wait for: finish without a result"),
         Case("more workers than items", (items[:2], 6, 6, seed), call="loader_results",
@@ -245,7 +247,7 @@ def _ordered_map_cases(gen):
         Case("read-ahead bound 7 with 3 workers", (300, 3, 7, seed), call="read_ahead",
              expected="at most 7 items read ahead", expect_value=True, hidden=True, hint=bound),
         Case("prefetch=None with 5 workers", (50, 5, seed + 3), call="default_read_ahead",
-             expected="just enough to keep every worker busy", expect_value=True, hidden=True, hint=default),
+             expected=DEFAULT_READ_AHEAD_OK, expect_value=True, hidden=True, hint=default),
         Case("one worker, prefetch 1", (items[:5], 1, 1, seed + 4), call="loader_results", hidden=True, hint=order),
     ]
 
