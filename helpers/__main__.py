@@ -4,9 +4,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+# `python -m helpers` puts the folder it was started in first on the import path; a grader started inside a
+# folder of submissions would import a student's folder named like one of its dependencies. This package is
+# already imported, and nothing else is ever imported from there.
+sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
 
 
 def cmd_doctor(args) -> int:
@@ -123,6 +129,7 @@ def cmd_site(args) -> int:
 
 def cmd_grade(args) -> int:
     from helpers.grading.grade import grade_submissions
+    from helpers.grading.judge import CONTROL
     try:
         result = grade_submissions(args.lab, args.submissions, out_dir=args.out, workers=args.workers,
                                    time_limit=args.time_limit, memory_limit_mb=args.memory_limit,
@@ -134,9 +141,10 @@ def cmd_grade(args) -> int:
     print(f"{result['isolation']}; the solution took {ref['cpu_seconds']:.1f} s of CPU "
           f"({ref['wall_seconds']:.1f} s wall): a submission may use {limits['budget_cpu_seconds']:.0f} s of CPU "
           f"and {limits['wall_seconds']:.0f} s of wall time")
-    for row in result["students"]:
-        print(f"{row['student']:<24} {row['total']:>6.2f} / {row['max']:g}  {row['status']}"
-              + (f"  flags: {'; '.join(row['flags'])}" if row["flags"] else ""))
+    for row in result["students"]:   # names are made safe by find_submissions; flags carry a submission's text
+        flags = CONTROL.sub(" ", "; ".join(row["flags"]))[:300]
+        print(f"{row['student']:<24} {row['total']:>6.2f} / {row['max']:g}  {CONTROL.sub(' ', row['status'])}"
+              + (f"  flags: {flags}" if flags else ""))
     print(f"scores: {result['csv']}; feedback: {result['feedback_dir']}")
     return 0
 

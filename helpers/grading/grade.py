@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,25 +63,54 @@ WALL_FACTOR, WALL_FLOOR_S = 10, 120.0
 MAX_SKIPPED_CELLS = 3
 STEP_CPU_FACTOR, STEP_WALL_FACTOR, STEP_SLACK_S = 1.5, 5.0, 15.0
 MAX_RESULTS_MB = 512          # what one sandbox may send back in all
+MAX_NOTEBOOK_MB = 20          # a submitted notebook (the solutions are well under 1 MB)
+MAX_NAME = 64                 # characters of a student's name
+TEMP_PREFIX = "labs-grade-"   # then the grader's pid: what a dead grader left is found by it
 POLL_S = 0.1
 STOP_TEXT = {"timeout": "ran past the time limit and was stopped (look for a loop that never ends)",
              "memory": "used more memory than the limit and was stopped",
-             "too much output": "sent back more than the grader reads and was stopped"}
+             "too much output": "sent back more than the grader reads and was stopped",
+             "unreadable": "sent the grader a message it could not read and was stopped"}
+
+
+def student_name(raw: str) -> str:
+    """A submission's name made safe for a file name, a terminal and a spreadsheet: its letters, digits and
+    . _ - @ + (anything else becomes _), at most MAX_NAME characters, never empty nor a hidden file."""
+    name = "".join(c if c.isalnum() or c in "._-@+" else "_" for c in raw)[:MAX_NAME].lstrip(".")
+    return name or "unnamed"
+
+
+def _remove_what_dead_graders_left() -> None:
+    """The temp folders and cgroups of graders that were killed (their pid is gone), before this one adds its own."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
+        pid = folder.name[len(TEMP_PREFIX):].split("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+    isolation.remove_stale_cgroups()
 
 
 def find_submissions(folder: str | Path) -> dict[str, Path]:
-    """student name -> notebook: NAME.ipynb in the folder, or one .ipynb inside a folder NAME/."""
+    """student name -> notebook: NAME.ipynb in the folder, or one .ipynb inside a folder NAME/. Names are made
+    safe (student_name); two submissions that would share a name (alice.ipynb and alice/) both stay, the later
+    one as NAME~2."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder of submissions")
     found = {}
     for entry in sorted(folder.iterdir()):
+        notebook = None
         if entry.suffix == ".ipynb" and entry.is_file() and not entry.is_symlink():
-            found[entry.stem] = entry
+            notebook, raw = entry, entry.stem
         elif entry.is_dir() and not entry.is_symlink() and entry.name not in ("graded", ".ipynb_checkpoints"):
             notebooks = sorted(p for p in entry.glob("*.ipynb") if p.is_file() and not p.is_symlink())
-            if notebooks:
-                found[entry.name] = notebooks[0]
+            notebook, raw = (notebooks[0], entry.name) if notebooks else (None, "")
+        if notebook is None:
+            continue
+        name, copy = student_name(raw), 1
+        while name in found:
+            copy += 1
+            name = f"{student_name(raw)[:MAX_NAME - 4]}~{copy}"
+        found[name] = notebook
     if not found:
         raise ValueError(f"no submissions in {folder}: expected NAME.ipynb files or NAME/ folders with one .ipynb")
     return found
@@ -150,7 +180,7 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
     cgroup = isolation.create_cgroup(f"{os.getpid()}-{secrets.token_hex(4)}", memory_mb=memory_limit_mb * 1.5,
                                      cpus=job["threads"]) if isolated else None
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
         proc, fd = _sandbox_process(job, isolated, cgroup, Path(tmp), scratch)
         _feed(proc, blob)
         usage, buffer, messages, received, stopped = _Usage(psutil.Process(proc.pid), cgroup), bytearray(), [], 0, None
@@ -167,28 +197,35 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
                 now, cpu_now = time.monotonic(), usage.cpu_seconds()
                 for message in frames(buffer):
                     messages.append(message)
-                    if "at" in message:
+                    if message is UNREADABLE:
+                        stopped = "unreadable"
+                    elif "at" in message:
                         step_limit, step_wall, step_cpu_start = step_cpu(message["at"]), now, cpu_now
-                if eof and proc.poll() is not None:
+                if stopped is None and eof and proc.poll() is not None:
                     break
-                if received > MAX_RESULTS_MB * 2**20:
-                    stopped = "too much output"
-                elif usage.memory_mb() > memory_limit_mb:
-                    stopped = "memory"
-                elif cpu_now > cpu_left or now - start > wall_left or \
-                        cpu_now - step_cpu_start > STEP_CPU_FACTOR * step_limit + STEP_SLACK_S or \
-                        now - step_wall > STEP_WALL_FACTOR * step_limit + STEP_SLACK_S:
-                    stopped = "timeout"
-                elif proc.poll() is not None and not readable:
-                    # ended, and nothing more in the pipe: a process it left holding the pipe open (only
-                    # possible without isolation) gets one more poll, not a wait
-                    if not select.select([fd], [], [], POLL_S)[0]:
-                        break
+                if stopped is None:
+                    if received > MAX_RESULTS_MB * 2**20:
+                        stopped = "too much output"
+                    elif usage.memory_mb() > memory_limit_mb:
+                        stopped = "memory"
+                    elif cpu_now > cpu_left or now - start > wall_left or \
+                            cpu_now - step_cpu_start > STEP_CPU_FACTOR * step_limit + STEP_SLACK_S or \
+                            now - step_wall > STEP_WALL_FACTOR * step_limit + STEP_SLACK_S:
+                        stopped = "timeout"
+                    elif proc.poll() is not None and not readable:
+                        # ended, and nothing more in the pipe: a process it left holding the pipe open (only
+                        # possible without isolation) gets one more poll, not a wait
+                        if not select.select([fd], [], [], POLL_S)[0]:
+                            break
                 if stopped:
                     kill([usage.root] + process_tree(usage.root))
                     break
+        except Exception as exc:   # the grader's own error while reading: the sandbox never outlives it
+            stopped = f"grader error ({type(exc).__name__})"
         finally:
             os.close(fd)
+            if proc.poll() is None:
+                kill([usage.root] + process_tree(usage.root))
             proc.wait()
             cpu = usage.cpu_seconds()
             oom = cgroup is not None and isolation.cgroup_oom_killed(cgroup)
@@ -216,11 +253,16 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
     remaining = [e.function for e in spec.exercises]
     faults, stops, skip, notes, results, flags, cell_errors, cell_cpu = {}, [], [], [], {}, set(), [], []
     cpu_used, wall_used, in_cgroups = 0.0, 0.0, True
+    size_mb = notebook.stat().st_size / 2**20
     try:
+        if size_mb > MAX_NOTEBOOK_MB:
+            raise ValueError(f"it is {size_mb:.0f} MB, more than the {MAX_NOTEBOOK_MB} MB a submission may be: "
+                             "clear its outputs before you hand it in")
         text = notebook.read_text()
         nbformat.validate(nbformat.reads(text, as_version=4))
-    except Exception as exc:   # not JSON, not a notebook: nothing to run
-        faults = {name: f"the submission is not a valid notebook ({type(exc).__name__})" for name in remaining}
+    except Exception as exc:   # too large, not JSON, not a notebook: nothing to run
+        why = str(exc) if size_mb > MAX_NOTEBOOK_MB else f"the submission is not a valid notebook ({type(exc).__name__})"
+        faults = {name: why for name in remaining}
         stops, remaining = ["malformed notebook"], []
     scratch = _scratch_folders(spec, isolated)
     cell_limits = dict(limits["cell_cpu_seconds"])
@@ -388,7 +430,11 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
     spec = spec_for(lab)
     found = find_submissions(submissions)
     out = Path(out_dir) if out_dir else Path(submissions) / "graded"
+    if any(p.is_symlink() or p.exists() and not p.is_dir() for p in (out, out / "feedback")):
+        raise ValueError(f"{out} or its feedback folder is a symbolic link or a file (a submission may have "
+                         "put it there): remove it, or give the grader another --out")
     (out / "feedback").mkdir(parents=True, exist_ok=True)
+    _remove_what_dead_graders_left()
     problem = isolation.isolation_problem()
     if problem is not None:
         message = (f"GRADING WITHOUT ISOLATION: {problem}. Submissions run with the in-process guards only: a "
@@ -415,8 +461,10 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
         try:
             run = run_submission(notebook, spec, inputs, limits, threads=threads, memory_limit_mb=memory_limit_mb,
                                  isolated=problem is None, protected=protected)
+            internals = [] if run["stops"] == ["malformed notebook"] else \
+                interpreter_internals(notebook.read_text(errors="replace"))
             row = grade_one(student, run, spec, cases, expected, isolation.row_isolation(problem, run["cgroup"]),
-                            interpreter_internals(notebook.read_text(errors="replace")))
+                            internals)
         except Exception as exc:   # one submission never stops the class: it gets 0, and the row says why
             row = {"student": student, "scores": {e.title: 0.0 for e in spec.exercises}, "total": 0.0,
                    "max": sum(e.points for e in spec.exercises), "status": f"grading failed ({type(exc).__name__})",

@@ -253,6 +253,16 @@ def cgroup_oom_killed(cgroup: dict) -> bool:
         return False
 
 
+def remove_stale_cgroups() -> None:
+    """Remove the cgroups of graders that died (named PID-HEX by create_cgroup), with what is left in them."""
+    parents = [CGROUP_ROOT / "labs-grade"] + [CGROUP_ROOT / c / "labs-grade" for c in ("memory", "pids", "cpu", "cpuacct")]
+    for parent in parents:
+        for d in parent.iterdir() if parent.is_dir() else ():
+            pid = d.name.split("-")[0]
+            if d.is_dir() and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                remove_cgroup({"dirs": [d], "procs": [d / "cgroup.procs"]})
+
+
 def remove_cgroup(cgroup: dict | None) -> None:
     """Kill whatever is left in the cgroup, then remove it."""
     if cgroup is None:

@@ -1,9 +1,12 @@
 """What the sandbox sends the grader, and how the grader reads it without trusting it.
 
-A frame is an 8-byte length and a torch file (torch.save). The grader accepts a frame only if it is a zip whose
-members are stored, not compressed (no zip bomb), loads it weights-only (no code), and checks its shape against
-the four messages the sandbox sends, with every text, list, nesting level and tensor bounded. Anything else is
-"unreadable": it costs the submission, never the grader.
+A frame is an 8-byte length and a torch file (torch.save). The grader accepts a frame only if its length is at
+most MAX_FRAME_BYTES (checked from the header, before the frame is read), it is a zip of at most MAX_MEMBERS
+members, all stored, not compressed (no zip bomb), whose pickle is at most MAX_PICKLE_BYTES (unpickling costs the
+grader tens of bytes per byte: a pickle of a million empty lists would exhaust it), loads it weights-only (no
+code), and checks its shape against the four messages the sandbox sends, with every text, list, nesting level
+and tensor bounded. Anything else, including any error while decoding, is "unreadable": the grader stops that
+sandbox, and it costs the submission, never the grader.
 
     {"at": "cell 3" or an exercise}          where the sandbox is now
     {"cells": [...], "cell_cpu_seconds": [[index, seconds], ...], "flags": [...]}
@@ -24,6 +27,9 @@ MAX_ITEMS = 2000              # items in one list
 MAX_DEPTH = 6                 # nesting of a returned value
 MAX_NODES = 200_000           # values visited in one frame (shared sub-lists count each time they are reached)
 MAX_ELEMENTS = 64 * 2**20     # tensor elements in one frame (a stride-0 view counts its full size)
+MAX_FRAME_BYTES = 64 * 2**20  # one frame, as its header announces it
+MAX_PICKLE_BYTES = 4 * 2**20  # the frame's pickle (its structure; tensor data are members of their own)
+MAX_MEMBERS = 20_000          # members of the frame's zip (one per tensor storage)
 UNREADABLE = {"unreadable": True}
 CASE_KEYS = {"value", "raised", "torch_calls", "cpu_seconds", "tampered"}
 
@@ -32,10 +38,12 @@ def _stored_zip(data: bytes) -> bool:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             members = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, OSError):
+    except Exception:   # not a zip, or one zipfile refuses (an unknown version, a bad header): any reason
         return False
-    return all(m.compress_type == zipfile.ZIP_STORED for m in members) and \
-        sum(m.file_size for m in members) <= len(data)
+    pickles = [m for m in members if m.filename.endswith(".pkl")]
+    return (len(members) <= MAX_MEMBERS and all(m.compress_type == zipfile.ZIP_STORED for m in members)
+            and sum(m.file_size for m in members) <= len(data)
+            and all(m.file_size <= MAX_PICKLE_BYTES for m in pickles))
 
 
 class _Budget:
@@ -125,10 +133,15 @@ def read(data: bytes):
 
 
 def frames(buffer: bytearray) -> list:
-    """The complete frames at the start of `buffer` (removed from it), read."""
+    """The complete frames at the start of `buffer` (removed from it), read. A header announcing more than
+    MAX_FRAME_BYTES is UNREADABLE at once (the buffer is emptied: nothing after it can be framed)."""
     messages = []
     while len(buffer) >= FRAME_HEADER.size:
         (size,) = FRAME_HEADER.unpack_from(buffer)
+        if size > MAX_FRAME_BYTES:
+            buffer.clear()
+            messages.append(UNREADABLE)
+            break
         if len(buffer) < FRAME_HEADER.size + size:
             break
         data = bytes(buffer[FRAME_HEADER.size:FRAME_HEADER.size + size])

@@ -1,0 +1,116 @@
+"""One submission can neither stop, hang nor exhaust the grader: what it sends is bounded before it is read, a
+message the grader cannot decode stops that sandbox at once, names and sizes are checked before use, and what a
+killed grader left behind is removed by the next one."""
+import io
+import os
+import struct
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from helpers.grading import grade, messages
+from helpers.grading.grade import find_submissions, run_attempt, student_name
+from helpers.grading.messages import FRAME_HEADER, UNREADABLE
+
+
+def frame(message) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(message, buffer)
+    return FRAME_HEADER.pack(buffer.tell()) + buffer.getvalue()
+
+
+def test_an_unknown_zip_version_is_unreadable_not_an_error():
+    data = bytearray(frame({"at": "cell 1"})[FRAME_HEADER.size:])
+    central = data.find(b"PK\x01\x02")
+    data[central + 6:central + 8] = struct.pack("<H", 99)   # "version needed to extract": 9.9
+    assert messages.read(bytes(data)) is UNREADABLE
+    assert messages.read(frame({"at": "cell 1"})[FRAME_HEADER.size:]) == {"at": "cell 1"}
+
+
+def test_a_large_pickle_is_refused_before_it_is_unpickled(monkeypatch):
+    data = frame({"cells": [[] for _ in range(2_000_000)], "cell_cpu_seconds": [], "flags": []})[FRAME_HEADER.size:]
+    monkeypatch.setattr(messages.torch, "load", lambda *a, **k: pytest.fail("unpickled a frame over the bound"))
+    assert messages.read(data) is UNREADABLE
+
+
+def test_a_frame_announced_too_large_is_unreadable_at_once():
+    buffer = bytearray(FRAME_HEADER.pack(messages.MAX_FRAME_BYTES + 1) + b"x" * 100)
+    assert messages.frames(buffer) == [UNREADABLE] and not buffer
+
+
+FLOODER = r'''
+import os, sys, time
+fd = int(sys.argv[1])
+os.write(fd, (12).to_bytes(8, "big") + b"not a zip!!!")
+time.sleep(3600)
+'''
+
+
+def test_an_unreadable_message_stops_the_sandbox_and_the_grader_goes_on(monkeypatch):
+    """The sandbox sends garbage and then waits forever: the attempt ends at once, marked unreadable."""
+    def fake_sandbox(job, isolated, cgroup, work, scratch):
+        read_fd, write_fd = os.pipe()
+        proc = __import__("subprocess").Popen([sys.executable, "-c", FLOODER, str(write_fd)], pass_fds=(write_fd,),
+                                              stdin=__import__("subprocess").PIPE, start_new_session=True)
+        os.close(write_fd)
+        return proc, read_fd
+    monkeypatch.setattr(grade, "_sandbox_process", fake_sandbox)
+    outcome = {}
+    worker = threading.Thread(target=lambda: outcome.update(run_attempt(
+        {"threads": 1}, b"", isolated=False, memory_limit_mb=2048, cpu_left=600, wall_left=600, scratch={},
+        step_cpu=lambda marker: 600.0)), daemon=True)
+    worker.start()
+    worker.join(120)
+    assert outcome, "the grader waited on a sandbox that sent it garbage"
+    assert outcome["stopped"] == "unreadable" and outcome["messages"] == [UNREADABLE]
+
+
+def test_names_are_safe_distinct_and_bounded(tmp_path):
+    escape = "\x1b[2K\x1b[1Aeve"
+    (tmp_path / f"{escape}.ipynb").write_text("{}")
+    (tmp_path / "alice.ipynb").write_text("{}")
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "alice" / "lab.ipynb").write_text("{}")
+    (tmp_path / ("x" * 240 + ".ipynb")).write_text("{}")
+    found = find_submissions(tmp_path)
+    assert set(found) == {"alice", "alice~2", "__2K__1Aeve", "x" * grade.MAX_NAME}
+    assert {found["alice"].name, found["alice~2"].name} == {"alice.ipynb", "lab.ipynb"}
+    assert student_name("..hidden") == "hidden" and student_name("") == "unnamed"
+
+
+def test_a_graded_symlink_is_refused(tmp_path):
+    (tmp_path / "bob.ipynb").write_text("{}")
+    target = tmp_path.parent / f"elsewhere-{tmp_path.name}"
+    target.mkdir()
+    (tmp_path / "graded").symlink_to(target)
+    with pytest.raises(ValueError, match="symbolic link"):
+        grade.grade_submissions("00_warmup_lab", tmp_path)
+    assert not any(target.iterdir())
+
+
+def test_a_notebook_over_the_size_limit_is_not_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(grade, "MAX_NOTEBOOK_MB", 0.001)
+    big = tmp_path / "big.ipynb"
+    big.write_text("x" * 5000)
+    spec = grade.spec_for("00_warmup_lab")
+    run = grade.run_submission(big, spec, {}, {"cell_cpu_seconds": []}, threads=1, memory_limit_mb=512,
+                               isolated=False, protected=[])
+    assert run["stops"] == ["malformed notebook"]
+    assert all("clear its outputs" in why for why in run["faults"].values())
+
+
+def test_what_a_killed_grader_left_is_removed():
+    dead = next(pid for pid in range(4_000_000, 4_100_000) if not psutil.pid_exists(pid))
+    left = Path(tempfile.gettempdir()) / f"{grade.TEMP_PREFIX}{dead}-abc"
+    alive = Path(tempfile.mkdtemp(prefix=f"{grade.TEMP_PREFIX}{os.getpid()}-"))
+    left.mkdir()
+    try:
+        grade._remove_what_dead_graders_left()
+        assert not left.exists() and alive.exists()
+    finally:
+        alive.rmdir()
