@@ -13,7 +13,7 @@ import pytest
 
 from helpers.notebooks import BEGIN
 from helpers.grading.specs import SPECS
-from helpers.grading.nbgrader_export import SOLUTIONS, export_course
+from helpers.grading.nbgrader_export import GRADER_CHECK, SOLUTIONS, export_course
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = sorted(p.stem for p in SOLUTIONS.glob("*_lab.ipynb"))
@@ -27,7 +27,8 @@ def test_every_lab_exports_with_consistent_nbgrader_metadata(tmp_path):
     for lab in LABS:
         solution = nbformat.read(str(SOLUTIONS / f"{lab}.ipynb"), as_version=4)
         nb = nbformat.read(str(course / "source" / lab / f"{lab}.ipynb"), as_version=4)
-        assert [c.source for c in nb.cells] == [c.source for c in solution.cells], lab
+        assert [c.source.removeprefix(GRADER_CHECK) for c in nb.cells] == [c.source for c in solution.cells], lab
+        assert all(c.source.startswith(GRADER_CHECK) == c.metadata["nbgrader"]["grade"] for c in nb.cells), lab
         metas = [c.metadata["nbgrader"] for c in nb.cells]
         ids = [m["grade_id"] for m in metas]
         assert len(ids) == len(set(ids)), f"{lab}: duplicate grade_ids"
@@ -54,6 +55,15 @@ def test_every_lab_exports_with_consistent_nbgrader_metadata(tmp_path):
         assert sorted(per_exercise) == list(range(1, len(solutions) + 1)), lab
         for n, total in per_exercise.items():
             assert total == pytest.approx(spec.get(n, 1.0)), (lab, n)
+
+
+def test_a_test_cell_runs_the_graders_check_whatever_the_notebook_bound(tmp_path):
+    nb = nbformat.read(str(export_course(tmp_path / "course", [LAB]) / "source" / LAB / f"{LAB}.ipynb"), as_version=4)
+    test_cell = next(c.source for c in nb.cells if c.metadata["nbgrader"]["grade"] and "softmax" in c.source)
+    namespace = {"check": lambda *a, **k: None}       # the one line that gave full marks
+    exec("import torch\ndef softmax(x, dim=-1):\n    return torch.zeros_like(x)\n", namespace)
+    with pytest.raises(AssertionError, match="softmax"):
+        exec(test_cell, namespace)
 
 
 def _nbgrader(course: Path, *args: str) -> None:

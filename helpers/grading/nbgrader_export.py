@@ -14,7 +14,8 @@ How cells are marked, in each solution notebook:
 - a later code cell without one that calls a check (check..., fail, passed) is a test cell of the
   exercise before it, unless it catches AssertionError (a cell that shows what a failing check says);
   an exercise's points (its grading spec's `points`, 1 where the lab has no spec) are shared among its
-  test cells;
+  test cells, each of which first binds `check` to a fresh copy of the grader's (a submission that rebinds
+  the name, `check = lambda *a, **k: None`, or patches the module, still meets the real one);
 - every other cell is locked (read only).
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ from helpers.grading.specs import SPECS
 
 SOLUTIONS = REPO / "labs" / "solutions"
 CHECK_CALL = re.compile(r"(?<!def )\b(check\w*|fail|passed)\s*\(")
+GRADER_CHECK = ("import importlib as _importlib, helpers.grading.checks as _grader_checks  # the grader's own check\n"
+                "check = _importlib.reload(_grader_checks).check\n")
 
 CONFIG = '''\
 # nbgrader configuration of the PyTorch 2.10 Labs course (written by helpers.grading.nbgrader_export).
@@ -83,6 +86,7 @@ def nbgrader_notebook(lab_id: str):
     for n, cells in tests.items():
         for j, (cell, share) in enumerate(zip(cells, _shares(points.get(n, 1.0), len(cells))), 1):
             cell.metadata["nbgrader"] = _meta(f"ex{n}_check{j}", grade=True, points=share)
+            cell.source = GRADER_CHECK + cell.source
     return nb
 
 
