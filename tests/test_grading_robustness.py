@@ -114,3 +114,28 @@ def test_what_a_killed_grader_left_is_removed():
         assert not left.exists() and alive.exists()
     finally:
         alive.rmdir()
+
+
+def test_a_wall_time_stop_is_graded_again_alone(tmp_path, monkeypatch):
+    """A submission stopped by a wall-time limit in the class (the machine's load) is graded once more and keeps
+    that grade; one stopped for CPU time is not."""
+    import nbformat
+    solution = nbformat.read(str(grade.SOLUTIONS / "00_warmup_lab.ipynb"), as_version=4)
+    for name in ("first", "second"):
+        nbformat.write(solution, str(tmp_path / f"{name}.ipynb"))
+    real, calls = grade.run_submission, []
+
+    def busy_class(notebook, *args, **kwargs):
+        calls.append(notebook.stem)
+        run = real(notebook, *args, **kwargs)
+        if notebook.stem == "first" and calls.count("first") == 1:   # as if the class's load stopped it
+            run.update(results={}, faults={e.function: "the function ran past the time limit" for e in
+                                           grade.spec_for("00_warmup_lab").exercises}, stops=["timeout"],
+                       wall_timeout=True)
+        return run
+    monkeypatch.setattr(grade, "run_submission", busy_class)
+    result = grade.grade_submissions("00_warmup_lab", tmp_path, out_dir=tmp_path / "graded", workers=1, seed=5)
+    rows = {r["student"]: r for r in result["students"]}
+    assert calls.count("first") == 2 and calls.count("second") == 1
+    assert rows["first"]["total"] == rows["second"]["total"] == 2.0 and rows["first"]["status"] == "ok"
+    assert "Graded again, alone" in (tmp_path / "graded" / "feedback" / "first.md").read_text()

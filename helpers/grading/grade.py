@@ -176,7 +176,7 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
     times that in CPU time and STEP_WALL_FACTOR times in wall time, plus STEP_SLACK_S: what ignores the
     sandbox's own limit, or waits without computing, costs only its step. Returns {"messages", "stopped"
     (None, "timeout", "memory", "too much output", "crashed (...)"), "cpu_seconds", "wall_seconds", "cgroup"
-    (whether the attempt ran in a cgroup of its own)}."""
+    (whether the attempt ran in a cgroup of its own), "wall_timeout" (stopped by a wall-time limit)}."""
     cgroup = isolation.create_cgroup(f"{os.getpid()}-{secrets.token_hex(4)}", memory_mb=memory_limit_mb * 1.5,
                                      cpus=job["threads"]) if isolated else None
     start = time.monotonic()
@@ -184,7 +184,7 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
         proc, fd = _sandbox_process(job, isolated, cgroup, Path(tmp), scratch)
         _feed(proc, blob)
         usage, buffer, messages, received, stopped = _Usage(psutil.Process(proc.pid), cgroup), bytearray(), [], 0, None
-        eof, step_limit, step_wall, step_cpu_start = False, step_cpu("cells"), start, 0.0
+        eof, step_limit, step_wall, step_cpu_start, by_wall = False, step_cpu("cells"), start, 0.0, False
         try:
             while True:
                 if eof:
@@ -208,10 +208,10 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
                         stopped = "too much output"
                     elif usage.memory_mb() > memory_limit_mb:
                         stopped = "memory"
-                    elif cpu_now > cpu_left or now - start > wall_left or \
-                            cpu_now - step_cpu_start > STEP_CPU_FACTOR * step_limit + STEP_SLACK_S or \
-                            now - step_wall > STEP_WALL_FACTOR * step_limit + STEP_SLACK_S:
+                    elif cpu_now > cpu_left or cpu_now - step_cpu_start > STEP_CPU_FACTOR * step_limit + STEP_SLACK_S:
                         stopped = "timeout"
+                    elif now - start > wall_left or now - step_wall > STEP_WALL_FACTOR * step_limit + STEP_SLACK_S:
+                        stopped, by_wall = "timeout", True   # waited, or the machine was busy: see grade_submissions
                     elif proc.poll() is not None and not readable:
                         # ended, and nothing more in the pipe: a process it left holding the pipe open (only
                         # possible without isolation) gets one more poll, not a wait
@@ -242,17 +242,18 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
         else:
             stopped = f"crashed (exit status {code})"
     return {"messages": messages, "stopped": stopped, "cpu_seconds": cpu, "wall_seconds": time.monotonic() - start,
-            "cgroup": cgroup is not None}
+            "cgroup": cgroup is not None, "wall_timeout": by_wall}
 
 
 def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *, threads: int,
                    memory_limit_mb: float, isolated: bool, protected: list[Path]) -> dict:
     """Every attempt a submission needs, within one budget: returns {"results": {function: entry},
     "faults": {function: text}, "stops", "flags", "cell_errors", "cpu_seconds", "wall_seconds",
-    "cell_cpu_seconds", "cgroup" (whether every attempt ran in a cgroup of its own)}."""
+    "cell_cpu_seconds", "cgroup" (whether every attempt ran in a cgroup of its own), "wall_timeout" (whether
+    a wall-time limit stopped an attempt or the budget)}."""
     remaining = [e.function for e in spec.exercises]
     faults, stops, skip, notes, results, flags, cell_errors, cell_cpu = {}, [], [], [], {}, set(), [], []
-    cpu_used, wall_used, in_cgroups = 0.0, 0.0, True
+    cpu_used, wall_used, in_cgroups, wall_timeout = 0.0, 0.0, True, False
     size_mb = notebook.stat().st_size / 2**20
     try:
         if size_mb > MAX_NOTEBOOK_MB:
@@ -277,6 +278,7 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
         if not remaining:
             break
         if cpu_used >= limits["budget_cpu_seconds"] or wall_used >= limits["wall_seconds"]:
+            wall_timeout = wall_timeout or wall_used >= limits["wall_seconds"]
             for name in remaining:
                 faults.setdefault(name, "not run: the submission's time budget was spent")
             remaining = []
@@ -295,6 +297,7 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
                               wall_left=limits["wall_seconds"] - wall_used, scratch=scratch, step_cpu=step_cpu)
         cpu_used += attempt["cpu_seconds"]
         in_cgroups = in_cgroups and attempt["cgroup"]
+        wall_timeout = wall_timeout or attempt["wall_timeout"]
         wall_used += attempt["wall_seconds"]
         marker, done = "cells", False
         for message in attempt["messages"]:
@@ -333,7 +336,7 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
             faults[name] = "could not be graded: the notebook kept stopping early"
     return {"results": results, "faults": faults, "stops": stops, "flags": sorted(flags),
             "cell_errors": notes + cell_errors, "cpu_seconds": cpu_used, "wall_seconds": wall_used,
-            "cell_cpu_seconds": cell_cpu, "cgroup": in_cgroups}
+            "cell_cpu_seconds": cell_cpu, "cgroup": in_cgroups, "wall_timeout": wall_timeout}
 
 
 def _scratch_folders(spec: LabSpec, isolated: bool) -> dict[str, Path | None]:
@@ -472,15 +475,27 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
                    "lines": [f"❌ the grader could not grade this submission ({type(exc).__name__}: {exc}"[:300] + ")"]}
         row["seconds"] = round(time.perf_counter() - start, 1)
         row["cpu_seconds"] = round(run["cpu_seconds"], 1)
-        write_text_atomic(feedback(row, spec.lab, spec.exercises, run), out / "feedback" / f"{student}.md")
-        return row
+        return row, run
+
+    def write(row, run):
+        write_text_atomic(feedback(row, spec.lab, spec.exercises, run), out / "feedback" / f"{row['student']}.md")
 
     with ThreadPoolExecutor(max_workers=workers) as pool, \
             tqdm(total=len(found), desc="submissions", disable=not progress) as bar:
-        rows = []
-        for row in pool.map(grade, found.items()):
-            rows.append(row)
+        graded = {}
+        for item, (row, run) in zip(found.items(), pool.map(grade, found.items())):
+            graded[item[0]] = (row, run)
             bar.update()
+    # A wall-time stop may be the class's load, not the code (CPU time is the sandbox's own): such a
+    # submission is graded once more, alone, and keeps that grade
+    for student, (row, run) in graded.items():
+        if run.get("wall_timeout"):
+            again, run = grade((student, found[student]))
+            again["lines"].insert(0, "Graded again, alone: a wall-time limit stopped it while the class was graded.")
+            graded[student] = (again, run)
+    for row, run in graded.values():
+        write(row, run)
+    rows = [row for row, _ in graded.values()]
     write_text_atomic(scores_csv(rows, spec.exercises), out / "scores.csv")
     return {"students": rows, "csv": str(out / "scores.csv"), "feedback_dir": str(out / "feedback"),
             "limits": limits, "reference": reference, "isolation": isolation.class_isolation(problem, rows)}
