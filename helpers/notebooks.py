@@ -199,9 +199,12 @@ def format_problems(nb: nbformat.NotebookNode, *, lab_student: bool = False) -> 
     return problems
 
 
+STUB_TEXT = ": your code here"        # the end of what a stub raises: the grader knows an untouched one by it
+
+
 def _stub(match: re.Match, exercise: str) -> str:
     indent = match.group(1)
-    return f'{indent}raise NotImplementedError("{exercise}: your code here")\n'
+    return f'{indent}raise NotImplementedError("{exercise}{STUB_TEXT}")\n'
 
 
 def student_copy(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:

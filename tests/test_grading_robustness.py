@@ -139,3 +139,20 @@ def test_a_wall_time_stop_is_graded_again_alone(tmp_path, monkeypatch):
     assert calls.count("first") == 2 and calls.count("second") == 1
     assert rows["first"]["total"] == rows["second"]["total"] == 2.0 and rows["first"]["status"] == "ok"
     assert "Graded again, alone" in (tmp_path / "graded" / "feedback" / "first.md").read_text()
+
+
+def test_an_untouched_stub_is_not_started_with_its_task_and_no_hint():
+    import re
+
+    from helpers.checks import CheckFailed
+    from helpers.grading.checks import check, is_untouched_stub
+    from helpers.notebooks import _stub
+    stub = _stub(re.match(r"( *)", "    "), "Exercise 2")
+    namespace = {}
+    exec(f"def rms_norm(x, weight, eps=1e-6):\n{stub}", namespace)
+    exec("def rms_norm_started(x, weight, eps=1e-6):\n    return x\n", namespace)
+    assert is_untouched_stub(namespace["rms_norm"]) and not is_untouched_stub(namespace["rms_norm_started"])
+    with pytest.raises(CheckFailed) as failed:
+        check("00_warmup_lab", namespace["rms_norm"])
+    assert "not started" in str(failed.value) and "Task: write rms_norm" in str(failed.value)
+    assert "Hint" not in str(failed.value)

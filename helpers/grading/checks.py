@@ -35,6 +35,7 @@ from torch import nn
 from helpers.checks import CheckFailed
 from helpers.grading.judge import RECORDER_OFF, judge_case, plain_name
 from helpers.device import capabilities
+from helpers.notebooks import STUB_TEXT
 
 
 # --- Calling an exercise function and recording what it calls --------------------------------------
@@ -191,10 +192,21 @@ def _on_stack(mode, stack) -> bool:
     return any(m is mode for m in stack)
 
 
+def is_untouched_stub(fn) -> bool:
+    """Whether fn is still the lab's stub: its code raises NotImplementedError with the stub's text."""
+    code = getattr(fn, "__code__", None)
+    return code is not None and "NotImplementedError" in code.co_names and \
+        any(isinstance(c, str) and c.endswith(STUB_TEXT) for c in code.co_consts)
+
+
 def call_case(fn: Callable, args, kwargs, call: str | None, forbidden=()) -> dict:
     """One case as the grader sees it: {"value", "raised", "torch_calls"}; the value as returned (the
-    sandbox makes it plain before it travels)."""
+    sandbox makes it plain before it travels). An untouched stub is not called (a harness could describe a
+    failure it never had): it raised NotImplementedError, as it would."""
     record = {"value": None, "raised": None, "torch_calls": []}
+    if is_untouched_stub(fn):
+        record["raised"] = {"type": "NotImplementedError", "message": f"not started{STUB_TEXT}"}
+        return record
     calls: list[str] = []
 
     def run():

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from helpers.checks import CheckFailed, check_close, check_equal
+from helpers.notebooks import STUB_TEXT
 
 if TYPE_CHECKING:   # the specs are not importable in a submission's sandbox, where this module runs
     from helpers.grading.specs import Case, Exercise
@@ -70,6 +71,11 @@ def judge_case(exercise: Exercise, case: Case, expected, got: dict) -> str | Non
                         f"{case.match!r}\n   Hint: say what was wrong and how to fix it")
             return None
         if raised is not None:
+            if raised["type"] == "NotImplementedError" and raised["message"].endswith(STUB_TEXT):
+                number = exercise.title.split(":")[0]
+                return (f"❌ {what}: not started: {exercise.function} still raises NotImplementedError\n"
+                        f"   Task: write {exercise.function} in the cell of {number}, in place of the line that "
+                        f"raises, then run the check again")
             if raised["type"] == "CellTimeout":
                 return f"❌ {what}: ran past the time limit and was stopped\n   Hint: look for a loop that never ends"
             return (f"❌ {what}: raised {plain_name(raised['type'])}: {untrusted(raised['message'])}\n"
