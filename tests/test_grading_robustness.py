@@ -156,3 +156,23 @@ def test_an_untouched_stub_is_not_started_with_its_task_and_no_hint():
         check("00_warmup_lab", namespace["rms_norm"])
     assert "not started" in str(failed.value) and "Task: write rms_norm" in str(failed.value)
     assert "Hint" not in str(failed.value)
+
+
+def test_an_exercise_the_grading_machine_cannot_run_is_not_gradable_not_zero(monkeypatch):
+    from helpers.grading.report import feedback, scores_csv
+    spec = grade.spec_for("05_quantization_lab")
+    plan = next(e for e in spec.exercises if e.function == "choose_plan")
+    first = spec.exercises[0]
+    monkeypatch.setattr(grade, "missing", lambda *needs: [n for n in needs if n == "sklearn"])
+    assert grade.not_gradable_here(plan, None) == "sklearn" and grade.not_gradable_here(first, None) is None
+    imported = {"cases": [{"raised": {"type": "ModuleNotFoundError", "message": "No module named 'surely_absent_xyz'"}}]}
+    present = {"cases": [{"raised": {"type": "ModuleNotFoundError", "message": "No module named 'torch'"}}]}
+    assert "surely_absent_xyz" in grade.not_gradable_here(first, imported)
+    assert grade.not_gradable_here(first, present) is None    # a module this machine has: the answer's own error
+    run = {"results": {}, "faults": {}, "stops": [], "flags": [], "cell_errors": []}
+    row = grade.grade_one("ana", run, spec, {e.function: [None] for e in spec.exercises}, {}, "isolated")
+    assert row["scores"][plan.title] is None and row["max"] == sum(e.points for e in spec.exercises) - plan.points
+    assert "not gradable here: Exercise 4 needs sklearn" in row["status"]
+    row["seconds"] = 1.0
+    assert "not gradable here" in scores_csv([row], spec.exercises)
+    assert f"- {plan.title}: not gradable here" in feedback(row, spec.lab, spec.exercises, run)

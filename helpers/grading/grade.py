@@ -21,6 +21,7 @@ check, passed or failed with its hint; hidden checks are named but their inputs 
 """
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import re
@@ -41,7 +42,7 @@ import nbformat
 import psutil
 import torch
 
-from helpers.device import capabilities
+from helpers.device import capabilities, missing
 from helpers.ext import CACHE_DIR
 from helpers.files import write_text_atomic
 from helpers.grading import isolation
@@ -393,9 +394,17 @@ def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dic
     exercises that forbid calls score 0 (the recorder inside the sandbox cannot be trusted) and the status
     asks for a review."""
     row = {"student": student, "scores": {}, "lines": [], "flags": run["flags"], "isolation": isolation_text}
+    not_gradable = []
     for ex in spec.exercises:
         got = run["results"].get(ex.function)
         lines, passed = [], 0
+        lacking = not_gradable_here(ex, got)
+        if lacking:
+            not_gradable.append(f"{ex.title.split(':')[0]} needs {lacking}")
+            row["scores"][ex.title] = None
+            row["lines"].append(f"⏸ {ex.title}: not gradable here: it needs {lacking}, which the grading machine "
+                                f"lacks; no marks counted for or against it")
+            continue
         if internals and ex.forbidden:
             lines.append(f"❌ {ex.title}: not trusted: the notebook uses interpreter internals that can hide a "
                          f"forbidden call from the grader ({'; '.join(internals[:3])}); scored 0 until your "
@@ -415,11 +424,25 @@ def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dic
                 passed += problem is None
         row["scores"][ex.title] = round(ex.points * passed / len(cases[ex.function]), 2)
         row["lines"] += lines
-    row["total"] = round(sum(row["scores"].values()), 2)
-    row["max"] = sum(e.points for e in spec.exercises)
-    row["status"] = "; ".join(sorted(set(run["stops"])) + (["review: interpreter internals"] if internals else [])) \
-        or "ok"
+    row["total"] = round(sum(s for s in row["scores"].values() if s is not None), 2)
+    row["max"] = sum(e.points for e in spec.exercises if row["scores"][e.title] is not None)
+    row["status"] = "; ".join(sorted(set(run["stops"])) + (["review: interpreter internals"] if internals else [])
+                              + ([f"not gradable here: {', '.join(not_gradable)}"] if not_gradable else [])) or "ok"
     return row
+
+
+def not_gradable_here(exercise, got: dict | None) -> str | None:
+    """What the grading machine lacks for this exercise: a capability the exercise needs (its spec's `needs`),
+    or a module the submission imported that is not installed here (ModuleNotFoundError in a case, for a
+    module this machine truly lacks). None when it can be graded."""
+    lacking = missing(*exercise.needs) if exercise.needs else []
+    for case in (got or {}).get("cases", []):
+        raised = case.get("raised") or {}
+        module = re.fullmatch(r"No module named '([\w.]+)'", raised.get("message", ""))
+        if raised.get("type") == "ModuleNotFoundError" and module and \
+                importlib.util.find_spec(module.group(1).split(".")[0]) is None:
+            lacking.append(f"the module {module.group(1)}, which your answer imports")
+    return ", ".join(dict.fromkeys(lacking)) or None
 
 
 def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path | None = None,

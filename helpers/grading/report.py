@@ -14,6 +14,8 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "|")
 def csv_cell(value):
     """A value for scores.csv: numbers as they are; a text that a spreadsheet would run as a formula gets a
     leading apostrophe (OWASP's advice for CSV injection)."""
+    if value is None:
+        return "not gradable here"
     if isinstance(value, (int, float)):
         return value
     text = CONTROL.sub(" ", str(value).replace("\n", " "))
@@ -28,7 +30,8 @@ def feedback(row: dict, lab: str, exercises, run: dict) -> str:
     elif row["isolation"] != "isolated":
         text += [f"Graded {row['isolation']}.", ""]
     for ex in exercises:
-        text.append(f"- {ex.title}: {row['scores'][ex.title]:g} / {ex.points:g}")
+        score = row["scores"][ex.title]
+        text.append(f"- {ex.title}: " + ("not gradable here" if score is None else f"{score:g} / {ex.points:g}"))
     text += ["", "## Checks", ""] + [line.replace("\n", "\n    ") for line in row["lines"]]
     if run["cell_errors"]:
         text += ["", "## Cells that failed while your notebook ran", ""] + [f"- {untrusted(e)}" for e in run["cell_errors"]]

@@ -47,6 +47,8 @@ class Exercise:
                                        # functions and classes (helpers.moe.permute, torch.compile)
     refused: str = ""                  # why they are refused, and what the exercise wants instead: the hint
                                        # of a case that reached one of them
+    needs: tuple[str, ...] = ()        # capabilities (helpers.device's names, as the lab's requires()) without
+                                       # which the exercise is not gradable on the grading machine
 
 
 @dataclass(frozen=True)
@@ -1169,6 +1171,7 @@ SPECS.update({spec.lab: spec for spec in (
                  refused="helpers.fusion.combo_grid sizes the grid for you: derive each part's programs from its "
                          "size and the block"),
         Exercise("Exercise 2: the combo kernel's dispatch", "launch_three_part", _combo_launch_cases, _combo_reference,
+                 needs=("triton_interpreter",),
                  forbidden=("helpers.fusion.combo_reference", "helpers.fusion.combo_launch"),
                  refused="the helpers' combo reference and launcher compute the answer for you: your kernel finds "
                          "its part from its own program id"),
@@ -1209,7 +1212,7 @@ SPECS.update({spec.lab: spec for spec in (
     )),
     LabSpec("04_custom_op_lab", (
         Exercise("Exercise 1: the C++ kernel body", "silu_mul_body", _kernel_cases,
-                 lambda: KERNEL_BODY),
+                 lambda: KERNEL_BODY, needs=("cxx", "ninja")),
         Exercise("Exercise 2: the fake kernel", "silu_mul_fake", _fake_cases, _fake),
         Exercise("Exercise 3: the autograd formula", "backward", _backward_cases, _backward,
                  forbidden=("silu", "silu_backward", "sigmoid_backward"),
@@ -1236,7 +1239,7 @@ SPECS.update({spec.lab: spec for spec in (
                             "quantize_per_tensor_dynamic"),
                  refused="the library quantizers find and swap the layers for you: find every nn.Linear, nested ones"
                          " included, and replace it yourself"),
-        Exercise("Exercise 4: a plan under two budgets", "choose_plan", _plan_cases, _choose_plan),
+        Exercise("Exercise 4: a plan under two budgets", "choose_plan", _plan_cases, _choose_plan, needs=("sklearn",)),
     )),
     LabSpec("06_attention_lab", (
         Exercise("Exercise 1: key_mask", "key_mask", _key_mask_cases, _key_mask,
