@@ -857,6 +857,22 @@ def permute_bincount(x, expert_ids, num_experts):
     return x[order // expert_ids.shape[1]], order, torch.bincount(flat, minlength=num_experts).cumsum(0).int()
 
 
+def permute_one_hot(x, expert_ids, num_experts):
+    # a right answer: one_hot with num_classes given needs no value on the host (on a GPU it reads none)
+    flat = expert_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    return x[order // expert_ids.shape[1]], order, F.one_hot(flat, num_experts).sum(0).cumsum(0).to(torch.int32)
+
+
+def permute_unique_counts(x, expert_ids, num_experts):
+    # right values, but unique's output size depends on the data: a sync on a GPU, though no .item() is called
+    flat = expert_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    present, counts = torch.unique(flat, return_counts=True)
+    offs = torch.zeros(num_experts, dtype=torch.int64, device=x.device).index_add_(0, present, counts)
+    return x[order // expert_ids.shape[1]], order, offs.cumsum(0).to(torch.int32)
+
+
 def permute_tolist_loop(x, expert_ids, num_experts):
     # counts in a Python loop over the ids: every value comes back to the host
     flat = expert_ids.reshape(-1)
@@ -875,9 +891,9 @@ def permute_calls_helper(x, expert_ids, num_experts):
 def permute_second_solution(x, expert_ids, num_experts):
     # a right answer written differently: a stable sort of expert * (T*k) + position, counts by comparison
     flat = expert_ids.reshape(-1)
-    key = flat * flat.numel() + torch.arange(flat.numel())
+    key = flat * flat.numel() + torch.arange(flat.numel(), device=flat.device)
     order = torch.sort(key).indices
-    offs = (flat[None, :] <= torch.arange(num_experts)[:, None]).sum(1).to(torch.int32)
+    offs = (flat[None, :] <= torch.arange(num_experts, device=flat.device)[:, None]).sum(1).to(torch.int32)
     return x.index_select(0, torch.div(order, expert_ids.shape[1], rounding_mode="floor")), order, offs
 
 
@@ -1497,6 +1513,7 @@ if torch.backends.cpu.get_cpu_capability().upper().startswith("AVX"):
 
 SECOND_SOLUTIONS_03_05 = [
     ("03_moe_lab", "permute_tokens", permute_second_solution),
+    ("03_moe_lab", "permute_tokens", permute_one_hot),
     ("03_moe_lab", "fallback_grouped_gemm", gemm_second_solution),
     ("03_moe_lab", "expert_ffn", ffn_second_solution),
     ("05_quantization_lab", "quantize_weight", quantize_second_solution),
@@ -2734,6 +2751,8 @@ WRONG = [
           "sizes its output from the largest id"),
     Wrong(L03, "permute_tokens", "tolist-loop", permute_tolist_loop, "nothing is read back to the host (no sync on a GPU)",
           ".tolist(), .item(), int() or Python loop"),
+    Wrong(L03, "permute_tokens", "unique-counts", permute_unique_counts,
+          "nothing is read back to the host (no sync on a GPU)", "sizes its output from the"),
     Wrong(L03, "permute_tokens", "calls-helper", permute_calls_helper, "order: sorted by expert, ties in arrival order",
           FORBIDDEN_HINT),
     Wrong(L03, "fallback_grouped_gemm", "skips-expert-0", gemm_skips_first_expert,

@@ -22,6 +22,7 @@ import importlib
 import inspect
 import math
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -282,20 +283,30 @@ def dtype_of_third(fn, *args, **kwargs) -> str:
     return str(fn(*args, **kwargs)[2].dtype)
 
 
-HOST_READ_METHODS = ("tolist", "numpy", "item", "__int__", "__bool__", "__index__", "__float__")
+# What a function that needs its tensors' values on the host raises on the meta device (shapes, no data)
+META_REFUSALS = (("cannot be called on meta tensors", ".item(), int(), float(), bool() or an `if` on a tensor"),
+                 ("Cannot copy out of meta tensor", ".tolist(), .numpy() or another copy to the host"),
+                 ("without output_size", "repeat_interleave without output_size"),
+                 ("same device", "a tensor made on another device inside the function (give it device=)"))
 
 
 def host_reads_of(fn, *args, **kwargs) -> list[str]:
-    """What fn reads back from its tensors to Python or the host, sorted and without repeats: the ops
-    helpers.moe.host_reads sees (aten::item, bincount sizing its output from the largest value, nonzero,
-    ...) and the Tensor methods that copy values to Python without the dispatcher (tolist, numpy, item,
-    int(), bool(), a tensor as an index or a range bound). Each is a sync on a GPU."""
-    from helpers.moe import host_reads
-    names: set[str] = set()
-    reads: list[str] = []
-    with _TorchNames(names):
-        reads = host_reads(lambda: fn(*args, **kwargs))
-    return sorted(set(reads) | (names & set(HOST_READ_METHODS)))
+    """What fn needs from its tensors' values on the host (each a sync on a GPU), found by running it on the meta
+    device, where tensors have shapes but no data: .item(), int(), an `if` on a tensor, .tolist(), and every op
+    whose output size depends on the data (bincount, nonzero, unique, ...) cannot run there. The same answer on
+    every device, decided by what fn needs, not by which op it calls: F.one_hot(ids, n) needs nothing,
+    torch.unique(return_counts=True) needs the data. [] when fn runs on meta."""
+    from torch.utils._pytree import tree_map
+    on_meta = tree_map(lambda v: v.to("meta") if isinstance(v, torch.Tensor) else v, (args, kwargs))
+    try:
+        fn(*on_meta[0], **on_meta[1])
+    except Exception as exc:
+        message = str(exc)
+        op = re.search(r"(aten::\w+)", message)
+        named = next((what for text, what in META_REFUSALS if text in message), None)
+        return [named or (f"{op.group(1)} (its output size depends on the data)" if op else
+                          f"{type(exc).__name__} on the meta device: {message[:120]}")]
+    return []
 
 
 def uninitialized_is_nan(fn, *args, **kwargs):
