@@ -79,6 +79,9 @@ def build_directory(name: str, cpp_source: str, sycl_source: str | None = None,
     return CACHE_DIR / f"{name}-{cache_key(cpp_source, sycl_source or '', *extra_cflags)}"
 
 
+BUILD_LISTENERS: list = []   # callables told "start" and "end" around each compiler run (the grader's sandbox)
+
+
 def build_and_load(name: str, cpp_source: str, *, sycl_source: str | None = None,
                    extra_cflags: tuple[str, ...] = ("-O3",), verbose: bool = False) -> Built:
     """Compile `cpp_source` (and `sycl_source` with icpx) into a shared library and load it into this
@@ -107,6 +110,8 @@ def build_and_load(name: str, cpp_source: str, *, sycl_source: str | None = None
     # when the last build did not finish (a time limit interrupted it): no library then, and loading fails.
     # Reaching here means this source has no finished build, so let torch build it.
     getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", {}).pop(library.stem, None)
+    for listen in BUILD_LISTENERS:
+        listen("start")
     try:
         load_inline(library.stem, cpp_sources=cpp_source, sycl_sources=sycl_source,
                     extra_cflags=list(extra_cflags), extra_sycl_cflags=list(extra_cflags) if sycl_source else None,
@@ -114,6 +119,9 @@ def build_and_load(name: str, cpp_source: str, *, sycl_source: str | None = None
                     verbose=verbose)
     except RuntimeError as exc:                    # torch's "Error building extension ...": compiler output
         raise BuildError(compiler_errors(name, str(exc), directory), log=str(exc)) from None
+    finally:
+        for listen in BUILD_LISTENERS:
+            listen("end")
     build_s = time.perf_counter() - start
     tmp = record.with_suffix(f".{os.getpid()}.tmp")  # atomic: parallel builders never see half a file
     tmp.write_text(json.dumps({"build_s": build_s, "torch": torch.__version__, "library": library.name}))

@@ -63,6 +63,7 @@ CALL_FLOOR_S, CELL_FLOOR_S, BUDGET_SLACK_S = 2.0, 10.0, 60.0
 WALL_FACTOR, WALL_FLOOR_S = 10, 120.0
 MAX_SKIPPED_CELLS = 3
 STEP_CPU_FACTOR, STEP_WALL_FACTOR, STEP_SLACK_S = 1.5, 5.0, 15.0
+BUILD_CPU_S = 300.0           # a compiler run (lab 04's extension): its own step, never the call's time
 MAX_RESULTS_MB = 512          # what one sandbox may send back in all
 MAX_NOTEBOOK_MB = 20          # a submitted notebook (the solutions are well under 1 MB)
 MAX_NAME = 64                 # characters of a student's name
@@ -176,7 +177,7 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
     a cell, an exercise's calls: step_cpu(marker) is its CPU limit inside the sandbox) within STEP_CPU_FACTOR
     times that in CPU time and STEP_WALL_FACTOR times in wall time, plus STEP_SLACK_S: what ignores the
     sandbox's own limit, or waits without computing, costs only its step. Returns {"messages", "stopped"
-    (None, "timeout", "memory", "too much output", "crashed (...)"), "cpu_seconds", "wall_seconds", "cgroup"
+    (None, "timeout", "memory", "too much output", "crashed (...)"), "cpu_seconds", "wall_seconds", "build_seconds", "cgroup"
     (whether the attempt ran in a cgroup of its own), "wall_timeout" (stopped by a wall-time limit)}."""
     cgroup = isolation.create_cgroup(f"{os.getpid()}-{secrets.token_hex(4)}", memory_mb=memory_limit_mb * 1.5,
                                      cpus=job["threads"]) if isolated else None
@@ -186,6 +187,7 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
         _feed(proc, blob)
         usage, buffer, messages, received, stopped = _Usage(psutil.Process(proc.pid), cgroup), bytearray(), [], 0, None
         eof, step_limit, step_wall, step_cpu_start, by_wall = False, step_cpu("cells"), start, 0.0, False
+        building, build_s = False, 0.0
         try:
             while True:
                 if eof:
@@ -201,6 +203,8 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
                     if message is UNREADABLE:
                         stopped = "unreadable"
                     elif "at" in message:
+                        build_s += now - step_wall if building else 0.0
+                        building = message["at"] == "build"
                         step_limit, step_wall, step_cpu_start = step_cpu(message["at"]), now, cpu_now
                 if stopped is None and eof and proc.poll() is not None:
                     break
@@ -243,7 +247,7 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
         else:
             stopped = f"crashed (exit status {code})"
     return {"messages": messages, "stopped": stopped, "cpu_seconds": cpu, "wall_seconds": time.monotonic() - start,
-            "cgroup": cgroup is not None, "wall_timeout": by_wall}
+            "cgroup": cgroup is not None, "wall_timeout": by_wall, "build_seconds": build_s}
 
 
 def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *, threads: int,
@@ -254,7 +258,7 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
     a wall-time limit stopped an attempt or the budget)}."""
     remaining = [e.function for e in spec.exercises]
     faults, stops, skip, notes, results, flags, cell_errors, cell_cpu = {}, [], [], [], {}, set(), [], []
-    cpu_used, wall_used, in_cgroups, wall_timeout = 0.0, 0.0, True, False
+    cpu_used, wall_used, in_cgroups, wall_timeout, build_s = 0.0, 0.0, True, False, 0.0
     size_mb = notebook.stat().st_size / 2**20
     try:
         if size_mb > MAX_NOTEBOOK_MB:
@@ -270,7 +274,9 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
     cell_limits = dict(limits["cell_cpu_seconds"])
 
     def step_cpu(marker: str) -> float:
-        """The CPU limit of the step the sandbox says it is in: an exercise's call, or a cell."""
+        """The CPU limit of the step the sandbox says it is in: an exercise's call, a build, or a cell."""
+        if marker == "build":
+            return BUILD_CPU_S
         if marker in inputs:
             return limits["call_cpu_seconds"][marker]
         cell = re.fullmatch(r"cell (\d+)", marker)
@@ -299,6 +305,7 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
         cpu_used += attempt["cpu_seconds"]
         in_cgroups = in_cgroups and attempt["cgroup"]
         wall_timeout = wall_timeout or attempt["wall_timeout"]
+        build_s += attempt["build_seconds"]
         wall_used += attempt["wall_seconds"]
         marker, done = "cells", False
         for message in attempt["messages"]:
@@ -337,7 +344,8 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
             faults[name] = "could not be graded: the notebook kept stopping early"
     return {"results": results, "faults": faults, "stops": stops, "flags": sorted(flags),
             "cell_errors": notes + cell_errors, "cpu_seconds": cpu_used, "wall_seconds": wall_used,
-            "cell_cpu_seconds": cell_cpu, "cgroup": in_cgroups, "wall_timeout": wall_timeout}
+            "cell_cpu_seconds": cell_cpu, "cgroup": in_cgroups, "wall_timeout": wall_timeout,
+            "build_seconds": build_s}
 
 
 def _scratch_folders(spec: LabSpec, isolated: bool) -> dict[str, Path | None]:

@@ -33,6 +33,9 @@ def feedback(row: dict, lab: str, exercises, run: dict) -> str:
         score = row["scores"][ex.title]
         text.append(f"- {ex.title}: " + ("not gradable here" if score is None else f"{score:g} / {ex.points:g}"))
     text += ["", "## Checks", ""] + [line.replace("\n", "\n    ") for line in row["lines"]]
+    if run.get("build_seconds"):
+        text += ["", f"Building your extension took {run['build_seconds']:.0f} s, with a limit of its own: it is not "
+                 "counted as your code's run time."]
     if run["cell_errors"]:
         text += ["", "## Cells that failed while your notebook ran", ""] + [f"- {untrusted(e)}" for e in run["cell_errors"]]
     if row["flags"]:

@@ -299,7 +299,11 @@ def main(results_fd: int) -> int:
     send({"cells": cell_errors, "cell_cpu_seconds": cell_cpu, "flags": sorted(set(flags))})
 
     vars(helpers.grading.checks).update(harness_state)
+    building_for = [None]     # a compiler run inside a call is a step of its own for the grader's limits
+    import helpers.ext
+    helpers.ext.BUILD_LISTENERS.append(lambda phase: send({"at": "build" if phase == "start" else building_for[0]}))
     for name, call_cpu_limit, cases in exercises:
+        building_for[0] = name
         send({"at": name})
         fn = shell.user_ns.get(name)
         entry = {"defined": callable(fn), "cases": []}
