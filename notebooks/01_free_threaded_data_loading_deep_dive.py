@@ -6,7 +6,7 @@
 # | **What you will learn** | what threads and worker processes cost in memory by start method, and why forked workers grow as they read Python objects; how one extension turns the GIL back on in a free-threaded build; what torch shares between threads; the fixed cost per epoch of `torchdata.nodes`; why serial and one worker can differ on a busy machine; five more pitfalls of thread loading (shared buffers, ordering, read-ahead, errors and shutdown, pickling for process workers); what changes on other hardware, other Pythons and after 2.10 |
 # | **Prerequisites** | [lesson 01](01_free_threaded_data_loading.ipynb) |
 # | **Hardware** | any CPU. The extension section needs a free-threaded CPython (3.13t/3.14t, `environments/free-threaded.txt`) and a C compiler; the torchdata section needs torchdata |
-# | **Time** | 33 minutes |
+# | **Time** | 45 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the 2.10 facts are checked against its source and release notes |
 #
 # The core lesson measured which loader is fast. This notebook is about what else decides the choice: memory,
@@ -48,6 +48,7 @@ import torch
 
 from helpers import bench, data
 from helpers.device import capabilities, pick_device, quick_mode, requires
+from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()          # data loading runs on the CPU whatever DEVICE is; it is shown for reference
@@ -72,16 +73,34 @@ print(f"torch {torch.__version__} · Python {sys.version.split()[0]} · device: 
 # one epoch loads (workers started for the epoch, as without `persistent_workers`) and reports the peak above
 # where it started. On Linux that is the proportional set size (PSS), which counts a page shared by several
 # processes once in total; where the OS reports no PSS (macOS, Windows) it is the resident set size (RSS),
-# which counts a shared page in every process, so there the process figures are upper bounds.
+# which counts a shared page in every process, so there the process figures are upper bounds. First, a
+# number to estimate from what this kernel holds now:
+
+# %% tags=["predict"]
+start_methods = [m for m in ("fork", "forkserver", "spawn") if m in multiprocessing.get_all_start_methods()][:2]
+fresh = next((m for m in start_methods if m != "fork"), start_methods[0])   # a method that starts a new interpreter
+print(f"this kernel (Python, torch, the data) holds {data.tree_pss_mb():.0f} MB now ({data.memory_measure()})")
+memory_guess = predict(f"How many MB will {K} DataLoader workers started with '{fresh}' add at the peak of one epoch?",
+                       unit="MB", example=20.0)
 
 # %%
-start_methods = [m for m in ("fork", "forkserver", "spawn") if m in multiprocessing.get_all_start_methods()][:2]
 memory = data.loader_memory(data.tokenize, texts, K, start_methods)
 print(f"measured as {memory['measure']}; this kernel before loading: {memory['before_mb']:.0f} MB; "
       f"default start method here: {multiprocessing.get_start_method()}")
 for name, mb in memory.items():
     if name not in ("measure", "before_mb"):
         print(f"{K} {name:<24} {mb:+7.1f} MB at the peak of one epoch")
+
+# %% tags=["reveal"]
+fresh_mb = memory[f"processes ({fresh})"]
+forked = (f"; {K} forked workers added {memory['processes (fork)']:+.0f} MB, sharing the parent's pages until they "
+          "write them" if fresh != "fork" and "processes (fork)" in memory else "")
+reveal(memory_guess, fresh_mb,
+       why=f"each '{fresh}' worker starts from a new interpreter, not from this kernel: it imports torch again and "
+           f"unpickles the dataset, about {fresh_mb / K:.0f} MB per worker, against this kernel's "
+           f"{memory['before_mb']:.0f} MB{forked}; "
+           f"{K} threads added {memory['threads']:+.1f} MB. It grows with the worker count, and on Linux from "
+           "Python 3.14 forkserver is the default.");
 
 # %% [markdown]
 # Threads add next to nothing. Workers that start a new interpreter add a whole torch import each, which is
@@ -91,6 +110,12 @@ for name, mb in memory.items():
 # worker over an epoch (pytorch/pytorch#13246). The next cell measures it: one forked worker reads every
 # value of a dataset once, held as a list of Python floats and as one tensor, and the cell reports what the
 # worker adds after the epoch.
+
+# %% tags=["predict"]
+print(f"{LIST_VALUES:,} values; one Python float object: sys.getsizeof(1.0) = {sys.getsizeof(1.0)} bytes; "
+      "one float64 element of a tensor: 8 bytes")
+cow_guess = predict(f"How many MB more will the worker add after reading the list of {LIST_VALUES:,} floats than "
+                    "after reading the tensor?", unit="MB", example=1.0)
 
 # %%
 if "fork" in multiprocessing.get_all_start_methods():
@@ -102,12 +127,72 @@ if "fork" in multiprocessing.get_all_start_methods():
 else:
     print("this platform has no fork start method: workers do not share the parent's pages at all")
 
+# %% tags=["reveal"]
+if "fork" in multiprocessing.get_all_start_methods():
+    extra = grown["list of Python floats"] - grown["float64 tensor"]
+    reveal(cow_guess, extra,
+           why=f"reading a float increments its reference count, a write into the float object itself, so the "
+               f"worker gets its own copy of every page those objects sit on: {LIST_VALUES:,} x {sys.getsizeof(1.0)} "
+               f"bytes = {LIST_VALUES * sys.getsizeof(1.0) / 1e6:.1f} MB of objects; measured {extra:.1f} MB more. "
+               f"The tensor's {grown['float64 tensor']:+.1f} MB is what the worker writes of its own whatever the "
+               f"data; the tensor's {LIST_VALUES * 8 / 1e6:.1f} MB of values carry no reference counts and stay "
+               "shared. The gap grows with the values read, in every worker.");
+else:
+    print("no fork start method here: nothing was measured")
+
+
 # %% [markdown]
 # Keep large read-only data in tensors or numpy arrays (one object, no per-element reference counts), not in
 # lists or dicts of Python objects; with threads the question does not arise. PyTorch's own measurements of
 # thread workers in `DataLoader` ([pytorch/pytorch#161044](https://github.com/pytorch/pytorch/pull/161044))
 # report, for data held in memory, comparable throughput with 2-3x less memory; that figure is theirs, not
 # measured here.
+#
+# ### Your turn: pack a ragged dataset
+#
+# Token ids do not fit one rectangular tensor: every document has its own length, so the natural form is a
+# list of lists of Python ints, and every int above 256 is an object of its own with a reference count
+# (CPython shares only the small ints from -5 to 256). Write `pack(docs)` so that it returns one flat int64
+# tensor of every id and an int64 tensor `offsets` of `len(docs) + 1` boundaries, starting at 0, so that
+# `flat[offsets[i]:offsets[i + 1]]` is document i. A worker then reads two objects, whatever the size.
+
+# %% tags=["your-turn"]
+def pack(docs):
+    flat = docs          # a list of Python lists: make it one tensor of every id
+    offsets = None       # and this the tensor of boundaries
+    return flat, offsets
+
+
+# %%
+from helpers.checks import fail, your_turn
+
+lengths = torch.randint(50, 400, (LIST_VALUES // 225,), generator=torch.Generator().manual_seed(0)).tolist()
+g = torch.Generator().manual_seed(1)
+docs = [torch.randint(257, data.VOCAB, (n,), generator=g).tolist() for n in lengths]   # token ids, ragged
+
+
+def check_pack():
+    flat, offsets = pack(docs)
+    for name, t in (("flat", flat), ("offsets", offsets)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1:
+            fail("pack", f"{name} is {type(t).__name__ if not isinstance(t, torch.Tensor) else f'{t.dim()}-D {t.dtype}'}",
+                 "a 1-D int64 tensor: torch.tensor(list_of_ints) makes one, and itertools.chain.from_iterable or "
+                 "a list comprehension flattens the documents; torch.cumsum of the lengths gives the ends")
+    if len(offsets) != len(docs) + 1 or offsets[0] != 0 or offsets[-1] != len(flat):
+        fail("pack", f"{len(offsets)} offsets from {int(offsets[0]) if len(offsets) else None} to "
+             f"{int(offsets[-1]) if len(offsets) else None}", f"{len(docs) + 1} boundaries from 0 to {len(flat)}")
+    for i, doc in enumerate(docs):
+        if flat[offsets[i]:offsets[i + 1]].tolist() != doc:
+            fail("pack", f"document {i} does not come back from flat[offsets[{i}]:offsets[{i + 1}]]",
+                 "offsets[i] is where document i starts: the sum of the lengths before it")
+
+
+your_turn(check_pack, what="pack a ragged dataset");
+
+# %% [markdown]
+# Large token datasets are often stored this way, memory-mapped from disk: a forked worker reads them
+# without copying, and with `spawn` or
+# `forkserver` the dataset pickles as two tensors instead of millions of objects.
 #
 # ## An extension that turns the GIL back on
 #

@@ -6,7 +6,7 @@
 # | **What you will learn** | capacity and token dropping; the backward (two more grouped GEMMs) and a training step; routing's host syncs; a Triton grouped GEMM with a host-built tile list, then a persistent grid that reads `offs` on the device; which path runs on NVIDIA (CUTLASS), ROCm (fallback, CK) and XPU; what production adds (per-group M alignment, FP8 grouped GEMM, expert parallelism, `data_ptr % 16`); bf16 or fp32 on this CPU; five more pitfalls |
 # | **Prerequisites** | [lesson 03](03_grouped_gemm_moe.ipynb); reading a little Triton helps |
 # | **Hardware** | any CPU: the Triton kernels run in Triton's interpreter where Triton is installed. On a GPU: the CUTLASS path (NVIDIA sm_90/sm_100), the ROCm fallback and CK paths (AMD), and both Triton kernels timed |
-# | **Time** | 45 minutes |
+# | **Time** | 58 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the GPU paths are read from PyTorch's source (`GroupedBlas.cpp`, `GroupedMMUtils.h`, `native_functions.yaml`, `_inductor/kernel/mm_grouped.py` of the 2.10.0 and 2.13.0 wheels) and run only where that hardware is |
 
 # %% tags=["colab-setup"]
@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import bench, moe
+from helpers.interactive import predict, reveal
 
 if QUICK:
     TOKENS, D_MODEL, D_FF, EXPERTS = 256, 128, 256, 8
@@ -84,7 +85,18 @@ print(f"sizes: {TOKENS} tokens, d_model {D_MODEL}, d_ff {D_FF}, {EXPERTS} expert
 # shapes (an `[E, capacity, d]` buffer and one `bmm`) at the price of dropped tokens and padding;
 # *dropless* MoE computes every routed row: MegaBlocks (https://arxiv.org/abs/2211.15841) and grouped
 # GEMMs like this lesson's. `moe.within_capacity` computes the mask on the device (a cumulative count
-# per expert, no host sync). The dropped fraction for the core lesson's two routers:
+# per expert, no host sync). Before the table, the core lesson's skewed router (its first two experts
+# favoured): its rows per expert are printed below. How much capacity would it need to drop nothing?
+
+# %% tags=["predict"]
+skewed_rows = moe.expert_counts(ids_skewed, EXPERTS)
+fair = TOKENS * TOP_K / EXPERTS
+print(f"skewed router: rows per expert {skewed_rows.tolist()}; fair share {fair:g} rows each")
+factor_guess = predict("What is the smallest capacity factor at which the skewed router drops no routed row?",
+                       unit="x", example=1.25)
+
+# %% [markdown]
+# The dropped fraction for the core lesson's two routers, factor by factor:
 
 # %%
 FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0)
@@ -111,6 +123,20 @@ if not QUICK:     # the figure (plotly's first figure costs seconds: quick mode 
                       xaxis_title="capacity factor", yaxis_title="% of routed rows dropped", height=360)
     fig.show()
 
+# %% tags=["reveal"]
+busiest = int(skewed_rows.max())
+needed = busiest / fair
+assert bool(moe.within_capacity(ids_skewed, EXPERTS, busiest).all())              # nothing dropped at `busiest` slots
+assert not bool(moe.within_capacity(ids_skewed, EXPERTS, busiest - 1).all())      # one slot fewer drops a row
+padding = 1 - TOKENS * TOP_K / (EXPERTS * busiest)
+reveal(factor_guess, needed, tolerance=1.1,
+       why=f"expert {int(skewed_rows.argmax())} receives {busiest} rows against a fair share of {fair:g}, so the "
+           f"factor must reach {busiest} / {fair:g} = {needed:.2f} before its slots hold them all (checked: "
+           f"within_capacity keeps every row at {busiest} slots and drops one at {busiest - 1}). The busiest expert "
+           f"alone sets it; at that factor the [E, capacity, d] buffer is {100 * padding:.0f}% empty slots. Sized "
+           f"for the average instead (factor 1.0), the skewed router drops "
+           f"{100 * dropped['skewed'][FACTORS.index(1.0)]:.1f}% of its rows. A dropless grouped GEMM pays neither.");
+
 # %% [markdown]
 # ## Backward and training
 #
@@ -136,13 +162,16 @@ for impl in ("padded_bmm", "grouped_mm"):
 # ### The backward pass is two more grouped GEMMs
 #
 # For `Y = grouped_mm(X, W, offs)`, expert e computes `Y_e = X_e W_e` on its rows, so its gradients are
-# `dX_e = dY_e W_eᵀ` and `dW_e = X_eᵀ dY_e`. Both are grouped GEMMs over the same offsets:
-#
-# - `dX = grouped_mm(dY, Wᵀ, offs)`: the forward's 2D × 3D form, each expert's weight transposed;
-# - `dW = grouped_mm(Xᵀ, dY, offs)`: the **2D × 2D** form, groups along the contracted dimension
-#   (the rows), one `[K, N]` weight gradient per group; an expert without rows gets zeros.
-#
-# `derivatives.yaml` maps `_grouped_mm` to `_grouped_mm_mat1_backward` and `_grouped_mm_mat2_backward`.
+# `dX_e = dY_e W_eᵀ` and `dW_e = X_eᵀ dY_e`. `derivatives.yaml` maps `_grouped_mm` to
+# `_grouped_mm_mat1_backward` and `_grouped_mm_mat2_backward`. The forward was the 2D × 3D form
+# (`X` [rows, K], `W` [E, K, N], `offs`); the op accepts 2D or 3D for each operand. Which form computes
+# the weight gradient, `[E, K, N]`?
+
+# %% tags=["predict"]
+form_guess = predict("Which form of _grouped_mm does torch's backward call for dW?",
+                     options=["2D x 3D", "3D x 3D", "2D x 2D", "3D x 2D"], example="3D x 3D")
+
+# %% [markdown]
 # The next cell logs the `_grouped_mm` calls torch's backward dispatches (`moe.grouped_mm_calls`), then
 # checks `moe.grouped_gemm_input_grad` / `weight_grad` against torch's autograd and the loop's.
 
@@ -150,7 +179,8 @@ for impl in ("padded_bmm", "grouped_mm"):
 xb, wb = xs_c.clone().requires_grad_(), w_c.clone().requires_grad_()
 yb = F.grouped_mm(xb, wb, offs=offs_c)
 dy = torch.randn(yb.shape, generator=torch.Generator().manual_seed(2))
-for call in moe.grouped_mm_calls(lambda: yb.backward(dy)):
+calls = moe.grouped_mm_calls(lambda: yb.backward(dy))
+for call in calls:
     print(f"torch's backward dispatched _grouped_mm {call['form']}: {call['a']} x {call['b']} -> {call['out']}")
 
 xl, wl = xs_c.clone().requires_grad_(), w_c.clone().requires_grad_()
@@ -163,6 +193,17 @@ for name, mine, by_torch, by_loop in (("dX", dx, xb.grad, xl.grad), ("dW", dw, w
 no_rows = counts_t == 0
 assert torch.equal(dw[no_rows], torch.zeros_like(dw[no_rows]))
 print(f"the {int(no_rows.sum())} experts without rows get a zero weight gradient")
+
+# %% tags=["reveal"]
+dw_call = next(c for c in calls if c["out"] == tuple(w_c.shape))
+dx_call = next(c for c in calls if c["out"] == tuple(xs_c.shape))
+reveal(form_guess, dw_call["form"],
+       why=f"dW_e = X_eᵀ dY_e sums over expert e's rows, and the rows are the ragged dimension: torch passed Xᵀ "
+           f"{dw_call['a']} and dY {dw_call['b']}, both 2D, with offs cutting the dimension the GEMM contracts "
+           f"into groups, and got {dw_call['out']}: one [K, N] block per expert; the {int(no_rows.sum())} experts "
+           f"without rows get zeros. dX = dY Wᵀ is the forward's form again ({dx_call['form']}: "
+           f"{dx_call['a']} x {dx_call['b']}). So training runs both ragged forms, and the 2D x 2D one starts each "
+           "group at an offset into a transposed operand: why production aligns the groups (below).");
 
 # %% [markdown]
 # ### A training step, measured
@@ -206,10 +247,11 @@ for impl in ("loop", "padded_bmm", "grouped_mm"):
 # `counts.max()` and `repeat_interleave` without `output_size=`; the host tile list below; and the
 # fallback's `offs.cpu()` inside ATen.
 #
-# `moe.host_reads(fn)` lists the reads that pass through the dispatcher, on any device (on a CPU they
-# cost nothing; the list is the point); `tolist()` and ATen's internal copies do not, so they are named
-# from the code, not counted. The sync-free alternative counts with a scatter-add (`moe.expert_counts`),
-# checked equal to `bincount`, and skips the checks (`permute(..., validate=False)`).
+# `moe.host_reads(fn)` lists the reads it sees through a `TorchDispatchMode`, on any device (on a CPU
+# they cost nothing; the list is the point). It misses `tolist()`, which does not dispatch an op, and
+# every op that another op's kernel calls: those are named from the code, not counted. The sync-free
+# alternative counts with a scatter-add (`moe.expert_counts`), checked equal to `bincount`, and skips
+# the checks (`permute(..., validate=False)`).
 
 # %%
 flat_ids = ids.reshape(-1)
@@ -227,7 +269,8 @@ for name, fn in steps.items():
     reads = moe.host_reads(fn)
     print(f"{name:<28} {len(reads)} host reads {', '.join(reads)}")
 assert moe.host_reads(steps["moe.permute(validate=False)"]) == []
-print("F.grouped_mm shows none: its fallback's copy of offs happens inside ATen, below the dispatcher")
+print("F.grouped_mm shows none: its fallback's offs.cpu() and .item() run inside _grouped_mm's kernel, where the "
+      "mode does not see them (the core lesson's profiler shows aten::item under aten::_grouped_mm)")
 
 # %% [markdown]
 # ## Tile scheduling: from a host-built tile list to a schedule on the device
@@ -367,10 +410,69 @@ if requires("triton_gpu", section="Triton grouped GEMM speed on the GPU"):
 # `_scaled_mm_allowed_device(true, true)` (major 9 or 10), so Thor takes the loop (pytorch#194227);
 # `helpers.device.CUTLASS_GROUPED_MM_MAJORS` holds the same majors. The GPU rows are read from PyTorch's
 # source and issues; each GPU section profiles `grouped_mm` (`moe.grouped_mm_path`) and prints the path taken.
+# ROCm's CK branch is compiled only into builds with `USE_ROCM_CK_GEMM` (`#if defined(USE_ROCM_CK_GEMM)` in
+# `GroupedBlas.cpp`); in a build without it, the variable changes nothing.
+#
+# ### Your turn: which path?
+#
+# The rule in `_grouped_mm_cuda` (`GroupedBlas.cpp`): CUTLASS when
+# `_scaled_mm_allowed_device(/*sm90_only*/true, /*sm100_only*/true)` holds, that is compute capability
+# major 9 or 10, **and** `mat_a`, `mat_b` and the output are all bf16; `_grouped_mm_fallback` otherwise.
+# Decide each case below. The last needs a fact the table does not give: does autocast cast
+# `grouped_mm`'s inputs? Ask the dispatcher: `torch._C._dispatch_dump_table("aten::_grouped_mm")` lists
+# what runs for each dispatch key; `fallthrough` for `AutocastCUDA` means autocast passes the call on
+# untouched.
+
+# %% tags=["your-turn"]
+# GPU, compute capability major, the tensors' dtype, inside torch.autocast("cuda", dtype=torch.bfloat16)?
+# Your answer for each: "fused kernel" or "loop of mm". Change the answers.
+MY_PATHS = {
+    ("H200", 9, "bf16", False): "loop of mm",
+    ("H100", 9, "fp16", False): "loop of mm",
+    ("A100", 8, "bf16", False): "loop of mm",
+    ("B200", 10, "bf16", False): "loop of mm",
+    ("RTX 5090", 12, "bf16", False): "loop of mm",
+    ("Jetson Thor", 11, "bf16", False): "loop of mm",
+    ("H100", 9, "fp32", True): "loop of mm",
+}
 
 # %%
+from helpers.checks import fail, your_turn
 from helpers.device import CUTLASS_GROUPED_MM_MAJORS
 
+autocast_cuda = next((line.split(" registered")[0] for line in torch._C._dispatch_dump_table("aten::_grouped_mm")
+                     .splitlines() if line.startswith("AutocastCUDA:")), "AutocastCUDA: nothing registered")
+autocast_casts = "fallthrough" not in autocast_cuda and "nothing" not in autocast_cuda
+
+
+def path_taken(major, dtype):
+    return "fused kernel" if major in CUTLASS_GROUPED_MM_MAJORS and dtype == "bf16" else "loop of mm"
+
+
+def check_paths():
+    cases = {("H200", 9, "bf16", False), ("H100", 9, "fp16", False), ("A100", 8, "bf16", False),
+             ("B200", 10, "bf16", False), ("RTX 5090", 12, "bf16", False), ("Jetson Thor", 11, "bf16", False),
+             ("H100", 9, "fp32", True)}
+    if set(MY_PATHS) != cases:
+        fail("which path", "the cases were changed", "change only the answers, not the cases")
+    for (gpu, major, dtype, autocast), answer in MY_PATHS.items():
+        if autocast and autocast_casts:       # 2.13 has a fallthrough; a torch with an autocast kernel is not graded
+            print(f"torch {torch.__version__} registers {autocast_cuda}: the autocast case is not graded")
+            continue
+        truth = path_taken(major, dtype)      # with a fallthrough, fp32 tensors reach the kernel as fp32
+        if answer != truth:
+            why = (f"major {major} and bf16: both conditions hold" if truth == "fused kernel" else
+                   f"major {major} is not 9 or 10" if major not in CUTLASS_GROUPED_MM_MAJORS else
+                   f"{dtype} is not bf16: `a_b_and_out_are_bf16` is false" if not autocast else
+                   f"this torch's dispatch table for aten::_grouped_mm says '{autocast_cuda}': "
+                   "autocast passes the call on untouched, so which dtype reaches the kernel?")
+            fail("which path", f"{gpu} (major {major}), {dtype}{', under autocast' if autocast else ''}: you said "
+                 f"{answer!r}", why)
+
+
+your_turn(check_paths, what="which path");
+
+# %%
 print("CUTLASS grouped_mm majors in helpers.device:", CUTLASS_GROUPED_MM_MAJORS)
 if requires("grouped_mm_cutlass", section="CUTLASS grouped GEMM on NVIDIA sm_90 and sm_100"):
     for dtype in (torch.bfloat16, torch.float32):
@@ -399,7 +501,7 @@ if requires("rocm", section="ROCm grouped GEMM: the fallback"):
 
 # %% [markdown]
 # The CK switch is read by ATen's global context, so the comparison runs each setting in a fresh
-# Python process with the variable set or unset.
+# Python process with the variable set or unset, and profiles which path ran (`mm_calls` 0: CK).
 
 # %%
 CK_SCRIPT = """
@@ -409,11 +511,13 @@ c = moe.skewed_counts(16384, 16, 1.5)
 xs = torch.randn(16384, 2048, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(16, 2048, 1408, device="cuda", dtype=torch.bfloat16)
 offs = moe.offsets_from_counts(c).cuda()
+path = moe.grouped_mm_path(xs, w, offs)
 out = F.grouped_mm(xs, w, offs=offs)
 err = (out.float() - moe.loop_gemm(xs, w, offs).float()).abs().max().item()
 r = bench.compare({"grouped_mm": lambda: F.grouped_mm(xs, w, offs=offs)}, device="cuda",
                   work=moe.gemm_gflop(16384, 2048, 1408))
-print(json.dumps({"max_err_vs_loop": err, "gflops": r["results"]["grouped_mm"]["GFLOP_per_s"]}))
+print(json.dumps({"path": path["path"], "mm_calls": path["mm_calls"], "max_err_vs_loop": err,
+                  "gflops": r["results"]["grouped_mm"]["GFLOP_per_s"]}))
 """
 
 if requires("rocm_ck", section="ROCm Composable Kernel grouped GEMM (ROCM_ALLOW_GROUP_GEMM_CK=1)"):
@@ -452,11 +556,13 @@ for multiple in (8, 16, 32):
               f"{len(moe.host_reads(lambda: moe.align_groups(c, multiple)))}")
 
 # %% [markdown]
-# **FP8 grouped GEMM.** `torch._scaled_grouped_mm` is the scaled (FP8) sibling; `native_functions.yaml`
-# registers it for `CUDA` only (2.10 and 2.13). torchao's prototype `torchao.prototype.moe_training`
-# trains with it: a config applied with `quantize_` (`MoETrainingConfig` in torchao 0.16,
-# `Float8TrainingOpConfig` in 0.18) swaps the 3D expert weights for a tensor subclass that intercepts
-# `torch._grouped_mm` and quantizes both operands to FP8 (row-wise) or MXFP8, forward and backward.
+# **FP8 grouped GEMM.** `torch._scaled_grouped_mm` is the scaled (FP8) sibling, and the public
+# `torch.nn.functional.scaled_grouped_mm` (scaling recipes as `ScalingType`) calls
+# `_scaled_grouped_mm_v2`; `native_functions.yaml` registers both for `CUDA` only (2.10 and 2.13).
+# torchao's prototype `torchao.prototype.moe_training` trains with it: a config applied with `quantize_`
+# (`MoETrainingConfig` in torchao 0.16, `Float8TrainingOpConfig` in 0.18) swaps the 3D expert weights
+# for a tensor subclass that intercepts `torch._grouped_mm` and quantizes both operands to FP8
+# (row-wise) or MXFP8, forward and backward.
 #
 # **Expert parallelism.** Each rank holds E / ranks experts. A step exchanges the token counts per
 # expert (an all-to-all), sends every routed row to its expert's rank (a variable-size
@@ -489,7 +595,8 @@ if yaml.exists():
     lines = yaml.read_text().splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("- func: _scaled_grouped_mm("))
     print(f"torch {torch.__version__}: _scaled_grouped_mm dispatch:", [ln.strip() for ln in lines[at + 2:at + 5] if ":" in ln])
-print("torch._scaled_grouped_mm exists here:", hasattr(torch, "_scaled_grouped_mm"))
+print("torch._scaled_grouped_mm exists here:", hasattr(torch, "_scaled_grouped_mm"),
+      "| F.scaled_grouped_mm:", hasattr(F, "scaled_grouped_mm"))
 
 
 # %% [markdown]
