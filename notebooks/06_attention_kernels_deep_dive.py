@@ -6,7 +6,7 @@
 # | **What you will learn** | flash vs MATH as the sequence grows, in time and against the CPU's fp32 GEMM peak; the corners of backend choice (3-D inputs, `OVERRIDEABLE`, `set_priority`), in a widget too; the training step: each backend's backward checked against float64 and timed; grouped-query attention (`enable_gqa`) and `causal_lower_right` for decoding, and which GPU backend takes them; SDPA backends on an NVIDIA or AMD GPU: your wheel's priority order and why, accuracy, memory (MATH's fp32 scores), time, kernel names; the opt-in FA4 implementation; AOTriton vs Composable Kernel on ROCm, told apart by kernel names; what `torch.compile(create_block_mask)` saves; FlexAttention's backward on a CPU; `varlen_attn` and compiled FlexAttention in a training step on a GPU; what `torch.compile` gives a transformer block; pitfalls |
 # | **Prerequisites** | [lesson 06](06_attention_kernels.ipynb) |
 # | **Hardware** | any CPU. An NVIDIA GPU runs the GPU backend, GQA and ragged-training sections (A100 or newer for `varlen_attn`); an AMD GPU the backend and ROCm sections |
-# | **Time** | 41 minutes |
+# | **Time** | 53 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
 
 # %% tags=["colab-setup"]
@@ -48,6 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from helpers import attention, bench
 from helpers.device import capabilities, pick_device, quick_mode, requires
+from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -164,6 +165,7 @@ for n in SEQ_LENS:
           f"FLASH {t['FLASH_ATTENTION'] * 1e3:8.2f} ms ({rate['FLASH_ATTENTION']:5.1f} GFLOP/s)   "
           f"flash {t['MATH'] / t['FLASH_ATTENTION']:.2f}x faster")
 
+
 # %% [markdown]
 # GFLOP/s counts forward + backward as 3.5 times the forward's two matmuls, the convention of the
 # FlashAttention benchmarks (Dao-AILab/flash-attention `benchmarks/benchmark_flash_attention.py`). In
@@ -175,8 +177,49 @@ for n in SEQ_LENS:
 # Llama-style models keep fewer key/value heads than query heads (GQA): each key/value head serves a group
 # of query heads, so the KV cache shrinks by that factor. SDPA takes it with `enable_gqa=True` (PR #132689;
 # present in torch 2.9.1, 2.10, 2.13 and 2.14 here). Without the flag the shapes do not broadcast. The
-# written-out equivalent repeats each key/value head for its group (`repeat_interleave` on the head
-# dimension, as the SDPA docs show), which the check compares against. On a CPU both backends take it.
+# written-out equivalent gives each query head a copy of the key/value head it reads, so that plain SDPA
+# can run: code converted from one model to another often carries it, and it is easy to get silently wrong.
+#
+# ### Your turn: write the copy that `enable_gqa=True` stands for
+#
+# `my_repeat_kv(k, query_heads)` turns `(batch, kv_heads, seq, head_dim)` into
+# `(batch, query_heads, seq, head_dim)`, head `h` being the key/value head that query head `h` reads. The
+# start below has the right shape and the wrong heads. The check runs SDPA on your copies against
+# `enable_gqa=True`, and says which key/value head each query head got from you and from SDPA.
+
+# %% tags=["your-turn"]
+def my_repeat_kv(k, query_heads):
+    return k.repeat(1, query_heads // k.shape[1], 1, 1)
+
+
+# %%
+from helpers.checks import check_close, check_equal, fail, your_turn
+
+
+def check_repeat_kv():
+    q8, k2, v2 = torch.randn(1, 8, 16, 32), torch.randn(1, 2, 16, 32), torch.randn(1, 2, 16, 32)
+    head_ids = torch.arange(2.0).view(1, 2, 1, 1).expand(1, 2, 16, 32)     # v of k/v head j is all j
+    read_by_sdpa = F.scaled_dot_product_attention(q8, k2, head_ids, enable_gqa=True)[0, :, 0, 0]
+    mine = my_repeat_kv(head_ids, 8)
+    if not isinstance(mine, torch.Tensor) or tuple(mine.shape) != (1, 8, 16, 32):
+        fail("my_repeat_kv", f"returned {getattr(mine, 'shape', type(mine).__name__)}, expected (1, 8, 16, 32)",
+             "keep the batch, sequence and head_dim dimensions; only the head dimension grows, 2 -> 8")
+    check_equal(mine[0, :, 0, 0].round().int().tolist(), read_by_sdpa.round().int().tolist(),
+                what="the key/value head each of the 8 query heads reads",
+                hint="enable_gqa gives each key/value head a block of neighbouring query heads, while Tensor.repeat "
+                     "tiles the heads (0, 1, 0, 1, ...): which torch function repeats each element in place?")
+    check_close(F.scaled_dot_product_attention(q8, my_repeat_kv(k2, 8), my_repeat_kv(v2, 8)),
+                F.scaled_dot_product_attention(q8, k2, v2, enable_gqa=True), atol=1e-5,
+                what="SDPA on your copies against enable_gqa=True")
+
+
+your_turn(check_repeat_kv, what="the copy enable_gqa stands for");
+
+# %% [markdown]
+# The SDPA docstring writes the equivalent with `repeat_interleave` on the head dimension
+# (`torch/nn/functional.py`): query heads `0 .. g-1` read key/value head 0, the next `g` head 1, with
+# `g = query_heads // kv_heads`. `attention.repeat_kv_heads` is that line. The cell checks both CPU backends
+# against it; `k.repeat` would pair query head 1 with key/value head 1 and raise no error.
 
 # %%
 q_heads, kv_heads = 8, 2
@@ -204,16 +247,28 @@ gqa = bench.compare({"enable_gqa=True": lambda: F.scaled_dot_product_attention(q
                          is_causal=True)},
                     baseline="repeat k/v, then SDPA", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu")
 print(bench.table(gqa))
+print("enable_gqa=True vs repeating first: " + (
+    f"{gqa['results']['enable_gqa=True']['ratio_to_baseline']:.2f}x the speed, the spreads apart"
+    if bench.separated(gqa, "enable_gqa=True", "repeat k/v, then SDPA")
+    else "the spreads overlap, too close to call here; run again"))
 print(f"keys and values held: {(k_gqa.nbytes + v_gqa.nbytes) / 2**10:.0f} KiB with {kv_heads} heads, "
       f"{(k_rep.nbytes + v_rep.nbytes) / 2**10:.0f} KiB repeated to {q_heads}: the KV cache GQA saves")
 
 # %% [markdown]
 # **Decoding with a KV cache.** A step that adds `L` new queries to a cache of `S` keys needs each new query
-# to see every cached key and the new keys up to itself: the causal mask aligned to the *bottom right*.
-# `is_causal=True` aligns it to the top left, so with `L < S` the first new query would see only the
-# first key: silently wrong. `torch.nn.attention.bias.causal_lower_right(L, S)` is the right mask, a
-# `CausalBias` that SDPA dispatches itself (`torch/nn/attention/bias.py`): on CUDA to the flash or
-# memory-efficient kernel with the mask built in, elsewhere as a dense mask.
+# to see every cached key and the new keys up to itself: with `L = 4` and `S = 10`, the first new query
+# (position 6) sees keys 0 to 6. The tempting call is `F.scaled_dot_product_attention(q_new, k_cache,
+# v_cache, is_causal=True)`.
+
+# %% tags=["predict"]
+decode_guess = predict("4 new queries against a cache of 10 keys, is_causal=True: how many of the 10 keys does the "
+                       "first new query attend to?", unit="keys", example=7)
+
+# %% [markdown]
+# `torch.nn.attention.bias.causal_lower_right(L, S)` is the mask a decoding step needs, a `CausalBias` that
+# SDPA dispatches itself (`torch/nn/attention/bias.py`): on CUDA to the flash or memory-efficient kernel
+# with the mask built in, elsewhere as a dense mask. The cell checks both calls against the float64
+# reference with the mask written out.
 
 # %% tags=["nbval-check-output"]
 from torch.nn.attention.bias import causal_lower_right
@@ -227,6 +282,19 @@ assert (wrong - attention.sdpa_reference(q_new, k_cache, k_cache, attn_mask=lowe
 print("first new query sees", int(lower_right[0].sum()), "of 10 keys with causal_lower_right,",
       int(torch.ones(4, 10, dtype=torch.bool).tril()[0].sum()), "with is_causal=True")
 print("causal_lower_right matches the float64 reference; is_causal=True does not")
+
+# %% tags=["reveal"]
+identity_v = torch.eye(10).expand(1, HEADS, 10, 10)      # each output row is then that query's softmax weights
+calls = {"is_causal=True": {"is_causal": True}, "causal_lower_right": {"attn_mask": causal_lower_right(4, 10)}}
+seen = {name: (F.scaled_dot_product_attention(q_new, k_cache, identity_v, **kw)[0, 0] > 0).sum(-1).tolist()
+        for name, kw in calls.items()}
+reveal(decode_guess, seen["is_causal=True"][0], tolerance=1,
+       why=f"with v the identity, SDPA's output is its attention weights: the 4 new queries attended to "
+           f"{seen['is_causal=True']} keys with is_causal=True and {seen['causal_lower_right']} with "
+           "causal_lower_right. is_causal=True builds torch.ones(L, S).tril(): the upper-left triangle, which "
+           "numbers the queries from position 0 whatever the cache holds (the SDPA docstring's reference code, "
+           "torch/nn/functional.py; causal_upper_left in bias.py is 'equivalent to' it). No error, no warning, and "
+           "the output has the right shape: only a comparison like the one above catches it.");
 
 # %% [markdown]
 # On a GPU the two questions are which backend takes grouped heads, and which takes the lower-right mask.
@@ -380,6 +448,11 @@ def same_document(b, h, q_idx, kv_idx):
     return doc[q_idx] == doc[kv_idx]
 
 
+# %% tags=["predict"]
+block_mask_guess = predict(f"create_block_mask, eager, over these {total} tokens: its peak memory, in multiples of the "
+                           f"{total}² bytes of the dense boolean mask?", unit="x", example=1.0)
+
+# %%
 build = {"eager": create_block_mask, "compiled": torch.compile(create_block_mask)}
 start = time.perf_counter()
 masks = {name: fn(same_document, None, None, total, total, device="cpu") for name, fn in build.items()}
@@ -389,10 +462,32 @@ mask_cost = bench.compare({name: lambda fn=fn: fn(same_document, None, None, tot
                            for name, fn in build.items()}, baseline="eager", repeats=REPEATS,
                           min_run_time=MIN_RUN_S, device="cpu")
 print(bench.table(mask_cost))
+mask_peak = {}
 for name, fn in build.items():
-    peak = attention.cpu_peak_bytes(lambda: fn(same_document, None, None, total, total, device="cpu"))
-    print(f"{name:<9} create_block_mask over {total} tokens: peak {peak / 2**10:9.1f} KiB "
+    mask_peak[name] = attention.cpu_peak_bytes(lambda: fn(same_document, None, None, total, total, device="cpu"))
+    print(f"{name:<9} create_block_mask over {total} tokens: peak {mask_peak[name] / 2**10:9.1f} KiB "
           f"({total}² booleans are {total**2 / 2**10:.0f} KiB)")
+
+# %% tags=["reveal"]
+from torch.profiler import ProfilerActivity, profile
+
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as mask_prof:
+    create_block_mask(same_document, None, None, total, total, device="cpu")
+ops = [e for e in mask_prof.key_averages(group_by_input_shape=True) if not e.key.startswith("aten::empty")]
+biggest = max(ops, key=lambda e: e.cpu_memory_usage)
+padded = -(-total // 128) * 128                          # the mask padded to whole 128 x 128 tiles
+per_pair = biggest.cpu_memory_usage / padded**2
+reveal(block_mask_guess, mask_peak["eager"] / total**2,
+       why=f"the largest allocation was {biggest.key} on a {biggest.input_shapes[0]} tensor, "
+           f"{biggest.cpu_memory_usage / 2**10:.0f} KiB: {per_pair:.1f} bytes per (query, key) pair of the mask "
+           f"padded to {padded}². "
+           + ("That is the per-tile count: _convert_mask_to_block_mask (torch/nn/attention/flex_attention.py) "
+              "sums each 128 x 128 tile with mask.sum, and summing booleans gives int64 (here "
+              f"{torch.ones(2, dtype=torch.bool).sum().dtype}), so the tile view is copied to 8 bytes a pair. Add "
+              f"the boolean mask ({total}², 1 byte a pair) and its padded copy ({padded}², 1 byte a pair): "
+              f"{(9 * padded**2 + total**2) / total**2:.1f}x. " if round(per_pair) == 8 else "")
+           + f"Compiled, the same call held {mask_peak['compiled'] / 2**10:.1f} KiB: Inductor fuses mask_mod's "
+             "evaluation with the per-tile count, and none of these is written.");
 
 # %% [markdown]
 # **Backward on a CPU.** torch 2.13 refuses any CPU input that requires grad ("FlexAttention does not

@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | what replaces the deprecated `export_memory_timeline`; what the "unknown" category holds, named by the operations that made it; selective activation checkpointing (a policy per operation) measured against full checkpointing; activation memory against the batch size; on an NVIDIA or AMD GPU: the same training step by category with allocated against reserved memory, the CUDA allocator's history snapshots for pytorch.org/memory_viz, nested `torch.cuda.MemPool`s (fixed in 2.10), fragmentation and `expandable_segments` (set at start-up or at run time, and its limits), a snapshot dumped when memory runs out; other hardware; pitfalls |
+# | **What you will learn** | what replaces the deprecated `export_memory_timeline`; what the "unknown" category holds, named by the operations that made it, and what Adam's foreach and fused updates make instead; selective activation checkpointing (a policy per operation) measured against full checkpointing; activation memory against the batch size; on an NVIDIA or AMD GPU: the same training step by category with allocated against reserved memory, the CUDA allocator's history snapshots for pytorch.org/memory_viz, nested `torch.cuda.MemPool`s (fixed in 2.10), fragmentation and the allocator setting that fits it, `expandable_segments` (set at start-up or at run time, and its limits), a snapshot dumped when memory runs out; other hardware; pitfalls |
 # | **Prerequisites** | [lesson 07](07_memory.ipynb) |
 # | **Hardware** | any CPU. The sections on the training step on a GPU, allocator history, memory pools, fragmentation and out-of-memory need an NVIDIA or AMD GPU; elsewhere they are skipped with the reason |
-# | **Time** | 32 minutes |
+# | **Time** | 46 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the exporter's categories and Adam's CPU path read in the 2.10.0 and 2.13.0 wheels (`torch/profiler/_memory_profiler.py`, `torch/optim/adam.py`); 2.10 facts from its release notes (nested `use_mem_pool`, PR #168382) and its CUDA wheel (`torch/cuda/memory.py`, strings of `libc10_cuda.so`) |
 
 # %% tags=["colab-setup"]
@@ -39,6 +39,7 @@ import torch
 
 from helpers import bench, memory
 from helpers.device import pick_device, quick_mode, requires
+from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -100,8 +101,90 @@ for g in memory.uncategorized(prof):
 # `torch/optim/optimizer.py`, `_get_foreach_kernels_supported_devices` in `torch/utils/_foreach_utils.py`).
 # The loop's `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)` builds two new tensors per
 # parameter, and no rule claims them: the `aten::sqrt` and `aten::div` lines above, temporaries of the
-# update, alive for one parameter at a time. On a GPU, Adam takes the foreach path and the same
-# temporaries are built for a whole list of parameters at once.
+# update, alive for one parameter at a time. On a GPU, Adam takes the foreach path (`_multi_tensor_adam`),
+# which runs each step of the update over the whole list of parameters in one call. `foreach=True` forces
+# it here.
+
+# %% tags=["predict"]
+shapes = [tuple(p.shape) for p in model.parameters()]
+foreach_guess = predict(f"Adam(foreach=True) on the same step ({len(shapes)} parameter tensors: {shapes}): its "
+                        "'unknown' peak, in multiples of the for-loop's?", unit="x", example=1.0)
+
+# %%
+from torch import nn
+
+
+def adam_step_profile(options: dict):
+    """One profiled step (after a warm-up step) of the MLP above with torch.optim.Adam(**options)."""
+    torch.manual_seed(0)
+    net, gen = memory.mlp(WIDTH, DEPTH), torch.Generator().manual_seed(0)
+    x, y = torch.randn(BATCH, WIDTH, generator=gen), torch.randn(BATCH, 1, generator=gen)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, **options)
+
+    def one_step():
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+    one_step()
+    return memory.profile_steps(one_step, steps=1)
+
+
+adam_tl = {name: memory.timeline(adam_step_profile(options))
+           for name, options in (("for-loop", {}), ("foreach", {"foreach": True}))}
+for name, t in adam_tl.items():
+    print(f"{name:<9} 'unknown' peak {memory.mib(memory.peak_bytes(t, 'unknown')):>10}   "
+          f"total peak {memory.mib(memory.peak_bytes(t)):>10}")
+
+# %% tags=["reveal"]
+unknown = {name: memory.peak_bytes(t, "unknown") for name, t in adam_tl.items()}
+param_bytes = 4 * sum(p.numel() for p in model.parameters())
+largest = 4 * max(p.numel() for p in model.parameters())
+reveal(foreach_guess, unknown["foreach"] / unknown["for-loop"],
+       why=f"the for-loop held {memory.mib(unknown['for-loop'])}, {unknown['for-loop'] / largest:.1f}x the largest "
+           f"parameter: sqrt() and the quotient of one parameter at a time. foreach held "
+           f"{memory.mib(unknown['foreach'])}, {unknown['foreach'] / param_bytes:.1f}x all the parameters "
+           f"({memory.mib(param_bytes)}): torch._foreach_sqrt makes one new tensor per parameter, and the divisions "
+           "that follow are in place (_multi_tensor_adam in torch/optim/adam.py). Adam's docstring says it: foreach "
+           "'uses ~ sizeof(params) more peak memory than the for-loop version' (torch/optim/optimizer.py). The total "
+           f"peak did not move ({memory.mib(memory.peak_bytes(adam_tl['for-loop']))} and "
+           f"{memory.mib(memory.peak_bytes(adam_tl['foreach']))}): the update's temporaries are not alive at this "
+           "step's peak. With a large model and a small batch the update can be the peak.");
+
+# %% [markdown]
+# ### Your turn: an Adam update that makes no temporaries
+#
+# Adam has a third implementation besides the for-loop and foreach (read its docstring:
+# `help(torch.optim.Adam)`). Choose the keyword arguments so that the update creates no tensor of its own:
+# the check profiles a step with `torch.optim.Adam(params, lr=1e-3, **ADAM_OPTIONS)` and counts the bytes of
+# the unclaimed tensors that Adam's code made.
+
+# %% tags=["your-turn"]
+ADAM_OPTIONS = {"foreach": True}
+
+# %%
+from helpers.checks import check_equal, fail, your_turn
+
+
+def check_adam_options():
+    try:
+        groups = memory.uncategorized(adam_step_profile(ADAM_OPTIONS), n=100)
+    except (TypeError, ValueError, RuntimeError, AssertionError) as exc:      # what Adam raises for bad options
+        fail("ADAM_OPTIONS", f"torch.optim.Adam(..., **{ADAM_OPTIONS}) raised {type(exc).__name__}: {exc}",
+             "pass keyword arguments that torch.optim.Adam accepts, and not two implementations at once")
+    made = [g for g in groups if "adam" in g["caller"]]
+    check_equal(sum(g["bytes"] for g in made), 0, what=f"bytes of temporaries made by Adam with {ADAM_OPTIONS}",
+                hint="they came from " + ", ".join(f"{g['op']} ({g['bytes']:,} bytes)" for g in made)
+                     + ": which implementation does the whole update in one op?")
+
+
+your_turn(check_adam_options, what="an update without temporaries");
+
+# %% [markdown]
+# `fused=True` hands each device's and dtype's parameters to one op, `torch._fused_adam_`, which updates
+# the parameters and both moments in place (`_fused_adam` in `torch/optim/adam.py`): no intermediate is a
+# tensor of its own. The docstring calls it "theoretically fastest", and keeps it opt-in because "the fused
+# implementation is relatively new"; it takes float64, float32, float16 and bfloat16, on the devices that
+# `_get_fused_kernels_supported_devices()` lists (`torch/utils/_foreach_utils.py`; the CPU is one).
 #
 # ## Selective activation checkpointing
 #
@@ -122,9 +205,11 @@ bench.save_json(ckpt, "runs/07_checkpointing.json")
 act = ckpt["activation_peak_bytes"]
 assert act["full"] < act["selective"] < act["none"], act
 for name in act:
+    ratio = ckpt["timing"]["results"][name]["ratio_to_baseline"]
+    speed = ("" if name == "none" else f"{ratio:.2f}x none's speed" if bench.separated(ckpt["timing"], name, "none")
+             else "time: the spreads overlap with none's, too close to call here; run again")
     print(f"{name:<10} activation peak {memory.mib(act[name]):>10}   total peak "
-          f"{memory.mib(ckpt['peak_bytes'][name]):>10}   speed vs none "
-          f"{ckpt['timing']['results'][name]['ratio_to_baseline']:.2f}x")
+          f"{memory.mib(ckpt['peak_bytes'][name]):>10}   {speed}")
 
 # %%
 fig = go.Figure([go.Bar(name="activation peak (MiB)", x=list(act), y=[v / 2**20 for v in act.values()]),
@@ -138,9 +223,10 @@ fig.show()
 # price of a second forward pass through every block during backward. Selective checkpointing sits between
 # the two: it keeps the matmul outputs, so backward recomputes only the cheap pointwise operations, and it
 # saves less memory than full. The total peak falls by less than the activation peak: the parameters,
-# gradients and Adam state do not move, and at a small batch they are most of it. The speed column on a
-# busy CPU is noisy; the recompute is real work on every device. (The core lesson showed what the memory
-# buys: a batch twice as large under the peak of the step without checkpointing.)
+# gradients and Adam state do not move, and at a small batch they are most of it. On a busy CPU the times
+# are noisy: a ratio is printed only where the spreads do not overlap, and one above 1 (faster than no
+# checkpointing) is other load, not a saving; the recompute is real work on every device. (The core lesson
+# showed what the memory buys: a batch twice as large under the peak of the step without checkpointing.)
 #
 # Under `torch.compile` the choice is the partitioner's. `torch._functorch.config.activation_memory_budget`
 # (default 1.0) asks it for the fastest plan that saves no more than that fraction of the activations its
@@ -258,13 +344,28 @@ if requires("torch_cuda", section="Nested memory pools"):
 # growing KV cache), the freed blocks cannot serve the new requests. The allocator opens new segments, and
 # reserved grows past allocated: that gap is **fragmentation**, memory no tensor uses but that no one else
 # gets either, and the usual cause of an out-of-memory error while `memory_allocated()` says there is room.
-# It is not only a textbook case: a vLLM pull request reports more fragmentation at start-up and CUDA-graph
-# capture after moving from torch 2.9 to 2.10, fixed with the setting below (vllm-project/vllm#41158).
 #
-# `PYTORCH_ALLOC_CONF=expandable_segments:True` (the older name `PYTORCH_CUDA_ALLOC_CONF` is also read;
-# both names are in 2.10's `libc10`) makes a segment a virtual address range that grows by mapping more
-# pages. A larger request then extends the segment instead of opening a new one
-# ([PyTorch's CUDA notes, "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF"](https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)).
+# The allocator takes its settings from `PYTORCH_ALLOC_CONF` (the older name `PYTORCH_CUDA_ALLOC_CONF` is
+# also read; both names are in 2.10's `libc10`), as `key:value` pairs. Three of them, in the words of
+# [PyTorch's CUDA notes, "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF"](https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf):
+#
+# - `max_split_size_mb:N` "prevents the native allocator from splitting blocks larger than this size";
+# - `garbage_collection_threshold:F`: "the allocator will start reclaiming GPU memory blocks if the GPU
+#   memory capacity usage exceeds the threshold", F of "the total memory allocated to the GPU application";
+# - `expandable_segments:True` makes a segment a virtual address range that can grow by mapping more pages.
+#
+# The workload below asks, at each of 8 steps, for 8 blocks 2 MiB larger than the last step's (12 MiB up
+# to 26 MiB) and frees them after the step.
+
+# %% tags=["predict"]
+SETTINGS = ["expandable_segments:True", "max_split_size_mb:64", "garbage_collection_threshold:0.8", "none of these"]
+alloc_guess = predict("On a GPU with memory to spare, which one setting keeps this workload's peak reserved memory "
+                      "close to its peak allocated?", options=SETTINGS, example="max_split_size_mb:64")
+
+# %% [markdown]
+# With `expandable_segments:True` a larger request extends the segment instead of opening a new one. It is
+# not only a textbook case: a vLLM pull request reports more fragmentation at start-up and CUDA-graph
+# capture after moving from torch 2.9 to 2.10, fixed with this setting (vllm-project/vllm#41158).
 #
 # **When it is read, and how to change it.** The environment variable is read when the allocator starts,
 # at the first CUDA allocation. The setting can also be changed while the program runs:
@@ -272,8 +373,8 @@ if requires("torch_cuda", section="Nested memory pools"):
 # `torch.cuda.memory._set_allocator_settings` (the name torch's own error messages still give) now warns
 # that it is deprecated and calls it (`torch/cuda/memory.py`). A change applies to segments created after
 # it; the segments already in the cache stay as they were. So the cell runs the same workload
-# (`memory.fragmentation_workload`: tensors a little larger each step, freed after it) in two fresh
-# processes (`memory.run_fresh`), each starting with an empty cache, one with the variable set.
+# (`memory.fragmentation_workload`) in fresh processes (`memory.run_fresh`), each starting with an empty
+# cache: one with no setting, one with each of the three.
 # `expandable` is read from each process's snapshot, so it says what the allocator did. False means the
 # allocator did not turn it on: a build or platform without support, or torch 2.9.1, which ignores the
 # setting under the name `PYTORCH_ALLOC_CONF` and honours only `PYTORCH_CUDA_ALLOC_CONF`
@@ -287,15 +388,36 @@ if requires("torch_cuda", section="Nested memory pools"):
 # allocations.
 
 # %%
+frag = {}                       # setting -> what the allocator did, in a fresh process (on a GPU)
 if requires("torch_cuda", section="Fragmentation and expandable segments"):
-    frag = {"default": memory.run_fresh("fragmentation_workload"),
-            "expandable_segments:True": memory.run_fresh(
-                "fragmentation_workload", env={"PYTORCH_ALLOC_CONF": "expandable_segments:True"})}
+    frag["default"] = memory.run_fresh("fragmentation_workload")
+    for setting in SETTINGS[:3]:
+        frag[setting] = memory.run_fresh("fragmentation_workload", env={"PYTORCH_ALLOC_CONF": setting})
     for label, r in frag.items():
-        print(f"{label:<26} peak allocated {memory.mib(r['peak_allocated_bytes']):>10}   peak reserved "
+        print(f"{label:<34} peak allocated {memory.mib(r['peak_allocated_bytes']):>10}   peak reserved "
               f"{memory.mib(r['peak_reserved_bytes']):>10} "
               f"({r['peak_reserved_bytes'] / r['peak_allocated_bytes']:.2f}x allocated)   "
               f"segments {r['segments']}, expandable: {r['expandable']}")
+
+# %% tags=["reveal"]
+docs = ("The notes' own example is this pattern: a batch one row larger each time needs blocks slightly larger "
+        "than the cached ones, so each step opens new segments and the freed ones stay cached; an expandable "
+        "segment grows by mapping pages at its end instead, and the larger blocks tile into it. "
+        "max_split_size_mb stops the splitting of large cached blocks, a last resort the notes give for 'a large "
+        "amount of inactive split blocks': here every cached block is smaller than the next request, and there is "
+        "nothing to split. "
+        "garbage_collection_threshold acts only when a process has a memory fraction set "
+        "(torch.cuda.set_per_process_memory_fraction: malloc in c10/cuda/CUDACachingAllocator.cpp checks "
+        "set_fraction before it collects), and even then only past F of it.")
+if frag:
+    ratio = {label: r["peak_reserved_bytes"] / r["peak_allocated_bytes"] for label, r in frag.items()}
+    best = min(SETTINGS[:3], key=ratio.get)
+    measured = best if ratio[best] < 0.8 * ratio["default"] else "none of these"
+    reveal(alloc_guess, measured, why="peak reserved / peak allocated here: " + ", ".join(
+        f"{label} {x:.2f}x" for label, x in ratio.items()) + ". " + docs)
+else:
+    reveal(alloc_guess, "expandable_segments:True",
+           why="no GPU here, so this is the documented answer, not a measurement (a GPU runs the cell above). " + docs)
 
 # %% [markdown]
 # ## On an NVIDIA or AMD GPU: a snapshot when memory runs out
