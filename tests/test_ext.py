@@ -2,7 +2,10 @@
 build-and-load helper and its error messages, and the lab op's checks.
 
 The C++ build is shared with the lesson through the cache (one build per source per machine)."""
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -377,3 +380,27 @@ def test_triton_op_matches_reference_and_compiles_on_a_gpu():
     for args in ext.sample_inputs(device):
         torch.testing.assert_close(triton_kernel.rms_norm(*args), ext.rms_norm_reference(*args), atol=2e-2, rtol=2e-2)
         assert set(torch.library.opcheck(triton_kernel.rms_norm, args).values()) == {"SUCCESS"}
+
+
+PARALLEL_BUILD = r'''
+import json
+from helpers import ext
+built = ext.build_and_load("labs_parallel_probe", ext.CPU_SOURCE.read_text().replace("labs_ext", "labs_parallel"))
+print(json.dumps({"cached": built.cached, "build_s": built.build_s}))
+'''
+
+
+@pytest.mark.requires("cxx", "ninja")
+def test_parallel_processes_build_a_kernel_once_and_all_load_it(tmp_path):
+    """Three processes on an empty cache: one compiles, the others wait for it and load its library (none
+    rewrites a library another has mapped), and the recorded build time is the compiler's, not a wait."""
+    env = dict(os.environ, LABS_CACHE=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", PARALLEL_BUILD], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outputs = [p.communicate(timeout=900) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert sorted(r["cached"] for r in results) == [False, True, True], results
+    compiled = next(r for r in results if not r["cached"])
+    assert all(r["build_s"] == compiled["build_s"] for r in results)
+    assert len(list(tmp_path.glob("ext/labs_parallel_probe-*/labs_parallel_probe_*.so"))) == 1

@@ -17,6 +17,7 @@ torch.ops.load_library; a later call (in any process) loads the cached library w
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -27,6 +28,11 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:   # Windows: builds are not shared between processes there
+    fcntl = None
 
 import torch
 
@@ -85,24 +91,52 @@ BUILD_LISTENERS: list = []   # callables told "start" and "end" around each comp
 def build_and_load(name: str, cpp_source: str, *, sycl_source: str | None = None,
                    extra_cflags: tuple[str, ...] = ("-O3",), verbose: bool = False) -> Built:
     """Compile `cpp_source` (and `sycl_source` with icpx) into a shared library and load it into this
-    process, so its TORCH_LIBRARY registrations take effect. Built once per source: a later call finds
-    the library in the cache and only loads it. Raises BuildError saying what to install when a
-    compiler, ninja or the SYCL toolchain is missing, or with the compiler's error lines."""
+    process, so its TORCH_LIBRARY registrations take effect. Built once per source, by one process at a time:
+    a process that finds another building the same source waits for it, then loads that library (a second
+    build would rewrite a library the first process has mapped). Raises BuildError saying what to install
+    when a compiler, ninja or the SYCL toolchain is missing, or with the compiler's error lines."""
     if not name.isidentifier():
         raise ValueError(f"extension name {name!r} must be a Python identifier (letters, digits, _)")
     directory = build_directory(name, cpp_source, sycl_source, extra_cflags)
     library = directory / f"{name}_{directory.name.rsplit('-', 1)[1]}{LIBRARY_SUFFIX}"
     record = directory / "built.json"
     start = time.perf_counter()
-    if record.exists() and library.exists():
-        torch.ops.load_library(str(library))
-        return Built(name, library, True, json.loads(record.read_text())["build_s"], time.perf_counter() - start)
+    if not (record.exists() and library.exists()):
+        directory.mkdir(parents=True, exist_ok=True)
+        with _build_lock(directory):
+            if not (record.exists() and library.exists()):   # another process may have built it meanwhile
+                _build(name, library, cpp_source, sycl_source, extra_cflags, verbose)
+                build_s = time.perf_counter() - start   # load_inline has loaded it into this process
+                _write_atomic(record, json.dumps({"build_s": build_s, "torch": torch.__version__,
+                                                  "library": library.name}))
+                return Built(name, library, False, build_s, build_s)
+    torch.ops.load_library(str(library))
+    return Built(name, library, True, json.loads(record.read_text())["build_s"], time.perf_counter() - start)
 
+
+@contextlib.contextmanager
+def _build_lock(directory: Path):
+    """An exclusive lock on the build directory across processes (released by the kernel if one dies)."""
+    with open(directory / "build.lock", "a") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")   # parallel readers never see half a file
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _build(name: str, library: Path, cpp_source: str, sycl_source: str | None, extra_cflags: tuple[str, ...],
+           verbose: bool) -> None:
+    """Run torch's JIT build of `library` (under _build_lock), telling BUILD_LISTENERS around it."""
     needs = ("cxx", "ninja", "sycl") if sycl_source else ("cxx", "ninja")
     reason = skip_reason(needs, caps=probe())      # probed now: PATH may have changed since import
     if reason:
         raise BuildError(f"cannot build the {name!r} extension here: {reason}")
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = library.parent
     _remove_stale_lock(directory)
     from torch.utils import cpp_extension
     from torch.utils.cpp_extension import load_inline
@@ -122,11 +156,6 @@ def build_and_load(name: str, cpp_source: str, *, sycl_source: str | None = None
     finally:
         for listen in BUILD_LISTENERS:
             listen("end")
-    build_s = time.perf_counter() - start
-    tmp = record.with_suffix(f".{os.getpid()}.tmp")  # atomic: parallel builders never see half a file
-    tmp.write_text(json.dumps({"build_s": build_s, "torch": torch.__version__, "library": library.name}))
-    tmp.replace(record)
-    return Built(name, library, False, build_s, build_s)
 
 
 def compiler_errors(name: str, log: str, directory: Path, limit: int = 8) -> str:
