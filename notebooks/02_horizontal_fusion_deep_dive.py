@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | reading Inductor's generated code (`fusion.inspect_compiled`) and the C++ backend's fusion limits; why a compiled first optimizer step compiles twice; the overhead model (fixed cost per call and cost per op, eager vs compiled); other tools against overhead: `cpp_wrapper`, CUDA graphs (`mode="reduce-overhead"`); a combo kernel written by hand in Triton, both dispatch schemes, checked under Triton's interpreter and timed on a GPU with device time; the pitfalls |
+# | **What you will learn** | reading Inductor's generated code (`fusion.inspect_compiled`) and the C++ backend's fusion limits; why a compiled first optimizer step compiles twice, and a learning-rate schedule every step; the overhead model (fixed cost per call and cost per op, eager vs compiled, extrapolated and checked); other tools against overhead: `cpp_wrapper`, CUDA graphs (`mode="reduce-overhead"`); a combo kernel written by hand in Triton, both dispatch schemes, checked under Triton's interpreter and timed on a GPU with device time; the pitfalls |
 # | **Prerequisites** | [lesson 02](02_horizontal_fusion.ipynb); reading a little C++ or Triton helps |
 # | **Hardware** | any CPU with a C++ compiler; the hand-written kernels run under Triton's interpreter when Triton is installed. On a GPU with Triton: the kernels' speed; on NVIDIA/AMD: CUDA graphs on the optimizer step |
-# | **Time** | 40 minutes |
+# | **Time** | 52 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the config names and the dispatch rule were read in the 2.10.0 and 2.13.0 wheels (`torch/_inductor/config.py`, `torch/_inductor/codegen/triton_combo_kernel.py`), and cells print them from the torch you run; combo kernels came in 2.5: foreach cases in pytorch#124969, the automatic horizontal fusion that `combo_kernels=True` turns on in #131675 (relanded as #133291) |
 
 # %% tags=["colab-setup"]
@@ -46,6 +46,7 @@ import torch
 
 from helpers import bench, fusion
 from helpers.device import capabilities, pick_device, quick_mode, requires
+from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -170,6 +171,84 @@ print("\n".join(fusion.torch_log_lines(log.getvalue(), "recompiles")))
 # fails a guard on the optimizer's state, so Dynamo compiles again. The recipe's warm-up absorbs it; the
 # lesson took one eager step first instead, so its timed step was compiled once.
 #
+# SGD reads and writes `self.state` only when `momentum != 0` (`_init_group` and the end of `step` in
+# `torch/optim/sgd.py`, since pytorch#122349): plain SGD keeps no state at all.
+
+# %% tags=["predict"]
+compiles_guess = predict("The same compiled step, but SGD with momentum=0: how many graphs do its first three "
+                         "calls compile in all?", options=["1", "2", "3"], example="2")
+
+# %% tags=["reveal"]
+torch._dynamo.reset()   # Dynamo keeps a function's graphs per code object, at most recompile_limit (8): start afresh
+params, grads, _ = fresh_state()
+plain_opt, _ = fusion.sgd_optimizer(params, grads, foreach=True, momentum=0.0)
+plain_step = torch.compile(plain_opt.step)
+plain_graphs = []
+for _ in range(3):
+    before = counters["stats"]["unique_graphs"]
+    plain_step()
+    plain_graphs.append(counters["stats"]["unique_graphs"] - before)
+print(f"momentum=0: graphs compiled by calls 1, 2, 3: {plain_graphs} (momentum=0.9 above: {new_graphs}); "
+      f"optimizer state after 3 steps: {len(plain_opt.state)} entries")
+reveal(compiles_guess, str(sum(plain_graphs)),
+       why=f"{plain_graphs} against {new_graphs} with momentum. The recompile above came from a guard on the "
+           "optimizer's state, empty when call 1 was traced and holding momentum buffers at call 2. With momentum=0 "
+           f"the step never touches that state ({len(plain_opt.state)} entries after 3 steps), so nothing the trace "
+           "depended on changes between calls. A compiled step recompiles when what it was traced with changes, "
+           "not because it is the first step.");
+
+# %% [markdown]
+# ### Your turn: a learning-rate schedule without a compile per step
+#
+# Training changes the learning rate as it goes (`torch.optim.lr_scheduler`). The check takes one eager step
+# (so the momentum buffers exist), compiles the step, and calls it three times, with an `ExponentialLR`
+# schedule multiplying the rate by 0.9 after each call. With `START_LR = 0.01`, each of the three calls
+# compiles a graph of its own; the check prints the guard that failed. Make the three calls compile **one**
+# graph, starting from the same rate, by changing only how `START_LR` is given.
+
+# %% tags=["your-turn"]
+START_LR = 0.01      # the rate the schedule starts from: keep 0.01, change how it is given
+
+# %%
+from helpers.checks import check_equal, fail, your_turn
+
+
+def check_schedule():
+    try:
+        start = float(START_LR)
+    except (TypeError, ValueError, RuntimeError):
+        fail("START_LR", f"{START_LR!r} is not a number", "keep the rate 0.01; change only how it is given")
+    if abs(start - 0.01) > 1e-6:
+        fail("START_LR", f"starts at {start:g}", "keep the rate 0.01; change only how it is given")
+    torch._dynamo.reset()
+    params, grads, _ = fresh_state()
+    opt, _ = fusion.sgd_optimizer(params, grads, foreach=True, lr=START_LR)
+    schedule = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
+    opt.step()                                      # eager: creates the momentum buffers
+    schedule.step()
+    step, graphs, rates, log = torch.compile(opt.step), 0, [], io.StringIO()
+    with contextlib.redirect_stderr(log):
+        torch._logging.set_logs(recompiles=True)
+        for _ in range(3):
+            before = counters["stats"]["unique_graphs"]
+            step()
+            graphs += counters["stats"]["unique_graphs"] - before
+            schedule.step()
+            rates.append(f"{float(opt.param_groups[0]['lr']):.5f}")
+    torch._logging.set_logs()
+    failed = [line.split("#")[0].strip() for line in fusion.torch_log_lines(log.getvalue(), "recompiles")
+              if "'lr'" in line]
+    print(f"{type(START_LR).__name__} rate; after each call the schedule set {', '.join(rates)}; "
+          f"graphs compiled: {graphs}" + (f"\nfirst guard that failed: {failed[0]}" if failed else ""))
+    check_equal(graphs, 1, what="graphs compiled by three scheduled steps",
+                hint="the failed guard compares the rate's value with the one traced: a Python float went into "
+                     "the graph as a constant. Dynamo guards a tensor on its dtype, shape and device, not on the "
+                     "numbers in it, and torch.optim.SGD accepts a one-element tensor as lr")
+
+
+your_turn(check_schedule, what="a schedule without recompiles");
+
+# %% [markdown]
 # ## The overhead model: time vs number of tiny ops
 #
 # If each eager op costs a fixed overhead `c`, n ops cost about `n·c`. A compiled function pays a
@@ -188,6 +267,7 @@ for name, ys in sweep["median_s"].items():
 fig.update_layout(title=f"n tiny ops on {sweep['size']}-element tensors ({DEVICE.type})",
                   xaxis_title="number of ops n", yaxis_title="µs per call (median)", height=400)
 fig.show()
+print("straight lines fitted on each point's fastest repeat (the least disturbed by other load):")
 for name, fit in sweep["fit"].items():
     print(f"{name:<22} fixed {fit['fixed_s'] * 1e6:7.1f} µs + {fit['per_op_s'] * 1e6:6.2f} µs per op")
 one = {name: ys[0] for name, ys in sweep["median_s"].items()}
@@ -210,6 +290,46 @@ print(f"one tiny op (n={sweep['counts'][0]}): compiled chain {one['compiled chai
 #   torch.compile overhead, 128 µs in CUDA-graph tree bookkeeping, 41 µs in the graph launch and 72 µs in
 #   the kernels. Much of what remains of "launch overhead" in compiled code is host-side work.
 #
+# The two fitted lines are a model: eager about `F_e + c_e·n`, the compiled chain `F_c + c_c·n`. A model is
+# worth what it predicts outside the points it was fitted on.
+
+# %% tags=["predict"]
+N_FAR = 4 * max(SWEEP_COUNTS)
+far_guess = predict(f"Extend the chain's two fitted lines to n = {N_FAR} ops: how many times faster than eager "
+                    "will the compiled chain be there (eager time / compiled time)?", unit="x", example=3.0)
+
+# %% tags=["reveal"]
+fits = {name: sweep["fit"][f"{name} chain"] for name in ("eager", "compiled")}
+model_s = {name: fit["fixed_s"] + fit["per_op_s"] * N_FAR for name, fit in fits.items()}
+x_far = torch.randn(sweep["size"], device=DEVICE)
+chain_far = torch.compile(fusion.chain_ops, dynamic=False)
+far = bench.compare({"eager chain": lambda: fusion.chain_ops(x_far, N_FAR),
+                     "compiled chain": lambda: chain_far(x_far, N_FAR)},
+                    baseline="eager chain", repeats=REPEATS, min_run_time=MIN_RUN_S, device=DEVICE)
+print(bench.table(far))
+fastest = {name: far["results"][f"{name} chain"]["min_s"] for name in ("eager", "compiled")}
+far_ratio, model_ratio = fastest["eager"] / fastest["compiled"], model_s["eager"] / model_s["compiled"]
+c_e, c_c, f_e, f_c = (fits["eager"]["per_op_s"] * 1e6, fits["compiled"]["per_op_s"] * 1e6,
+                      fits["eager"]["fixed_s"] * 1e6, fits["compiled"]["fixed_s"] * 1e6)
+even = f" (the lines cross near n = {(f_c - f_e) / (c_e - c_c):.0f})" if c_e > c_c else ""
+spread = ("" if bench.separated(far, "eager chain", "compiled chain")
+          else " The two overlapped over the repeats: too close to call here; run again.")
+bent = (" A negative time means other load disturbed the sweep: run the sweep cell again."
+        if min(model_s.values()) <= 0 else "")
+slope = (f"a cost per op too small to measure here (fitted: {c_c:.2f} µs)" if c_c < 0.1
+         else f"a fitted {c_c:.2f} µs per op")
+off = max(model_ratio / far_ratio, far_ratio / model_ratio) if model_ratio > 0 else float("inf")
+reveal(far_guess, far_ratio,
+       why=f"the lines predicted {model_s['eager'] * 1e6:.0f} µs against {model_s['compiled'] * 1e6:.0f} µs, "
+           f"{model_ratio:.1f}x; measured (fastest repeats, as the lines were fitted) {fastest['eager'] * 1e6:.0f} "
+           f"against {fastest['compiled'] * 1e6:.0f} µs, {far_ratio:.1f}x: the model was off by a factor "
+           f"{off:.1f}.{spread}{bent} Eager pays about {c_e:.1f} µs per op, a trip through Python and the "
+           f"dispatcher whatever the op does with {sweep['size']} numbers. The compiled chain is one call of one "
+           f"loop: a fixed {f_c:.0f} µs (guards, wrappers) plus {slope}, so the ratio keeps "
+           f"growing with n: compiled wins once the trips outweigh its fixed cost{even}. Lines fitted on "
+           f"{len(sweep['counts'])} points extrapolate only as well as those points were measured.");
+
+# %% [markdown]
 # ## Other tools against overhead
 #
 # ### A C++ wrapper (`cpp_wrapper`, CPU here)

@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | device-agnostic code with `torch.accelerator`, and where to synchronise; what `torch.xpu` added in 2.10, and capping a process's GPU memory; building SYCL: architectures and build time, oneAPI, `SYCL_HOME`, packaging with `SyclExtension`; the LibTorch stable ABI in detail (headers, ops, `TORCH_TARGET_VERSION`, a 2.10 build in a later torch); the Python route `torch.library.custom_op`, an in-place op and a declaration that lies; the op in an AOTInductor package; small against large inputs; what the article got wrong; pitfalls |
+# | **What you will learn** | device-agnostic code with `torch.accelerator`, and where to synchronise; what `torch.xpu` added in 2.10, and capping a process's GPU memory; building SYCL: architectures and build time, oneAPI, `SYCL_HOME`, packaging with `SyclExtension`; the LibTorch stable ABI in detail (what each library imports from libtorch, headers, ops, computing `TORCH_TARGET_VERSION`, a 2.10 build in a later torch); the Python route `torch.library.custom_op`, an in-place op and a declaration that lies; the op in an AOTInductor package; small against large inputs (where the fixed cost per call decides); what the article got wrong; pitfalls |
 # | **Prerequisites** | [lesson 04](04_xpu_sycl_custom_ops.ipynb) |
 # | **Hardware** | any CPU. The memory cap needs an Intel GPU; timing on a device needs any accelerator; AOTInductor and the C++ kernel need a C++ compiler (AOTInductor runs in full mode only) |
-# | **Time** | 36 minutes |
+# | **Time** | 51 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); `torch.xpu` and `torch/utils/cpp_extension.py` (`SYCL_HOME`, `_get_sycl_arch_list`) read in the 2.10.0 wheel; the stable-ABI headers in both wheels; what 2.10 added for XPU from its release notes (PR numbers below) |
 
 # %% tags=["colab-setup"]
@@ -35,15 +35,20 @@ QUICK = False        # quick mode: small sizes, and no AOTInductor build (paperm
 # %%
 import inspect
 import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from helpers import ext
+from helpers import bench, ext
 from helpers.device import capabilities, pick_device, quick_mode, requires
+from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -175,12 +180,69 @@ ext.show(ext.SOURCES / "example_setup" / "setup.py", "sources = [", "install_req
 # %% [markdown]
 # ## The stable ABI in detail
 #
-# The core lesson built `rms_norm_stable.cpp` against the stable ABI. What it rests on:
+# The core lesson built `rms_norm_stable.cpp` against the stable ABI; `rms_norm_cpu.cpp` is the classic kind.
+# For this lesson a 2.10 build of each was loaded into torch 2.13: the stable one gave the reference's
+# numbers, the classic one failed to load with `undefined symbol: at::TensorBase::const_data_ptr<float>`
+# (demangled). A shared library lists the symbols it expects other libraries to define
+# (`nm -D --undefined-only` prints them), and the loader must find every one of them in the torch it is
+# loaded into. The cell after the question builds both (or finds them built) and lists them.
+
+# %% tags=["predict"]
+STABLE_IMPORTS = ("C++ functions of at:: and c10::, like the classic library, only fewer",
+                  "only C functions of torch's (aoti_torch_*, torch_*)",
+                  "nothing from torch: the stable headers hold all it needs")
+imports_guess = predict("Which symbols does the stable-ABI library expect libtorch to define?",
+                        options=STABLE_IMPORTS, example=STABLE_IMPORTS[0])
+
+# %% tags=["reveal"]
+LIBTORCH_CPP = ("at::", "c10::", "torch::", "caffe2::")
+
+
+def imported_symbols(library) -> list[str]:
+    """The symbols a shared library expects others to define, demangled (nm -D --undefined-only -C)."""
+    listing = subprocess.run(["nm", "-D", "--undefined-only", "-C", str(library)],
+                             capture_output=True, text=True, check=True).stdout
+    return [line.split(maxsplit=1)[1] for line in listing.splitlines() if len(line.split()) > 1]
+
+
+def from_libtorch(symbols: list[str]) -> dict[str, list[str]]:
+    """C++ symbols of libtorch's namespaces (the name before its argument list), and C functions of its shim."""
+    return {"C++": [s for s in symbols if any(ns in s.split("(")[0] for ns in LIBTORCH_CPP)],
+            "C shim": [s for s in symbols if "::" not in s and s.startswith(("aoti_torch_", "torch_"))]}
+
+
+if requires("cxx", "ninja", section="Build the C++ CPU kernel"):
+    classic, stable = ext.load_cpu_kernels(), ext.load_stable_kernel()
+    ext.register_stable_python_half()
+    print(f"build time when it ran: classic {classic.build_s:.1f} s, stable ABI {stable.build_s:.1f} s "
+          "(the classic one parses ATen's headers)")
+    if sys.platform.startswith("linux") and shutil.which("nm"):
+        found = {name: from_libtorch(imported_symbols(built.path)) for name, built in
+                 (("classic", classic), ("stable", stable))}
+        for name, kinds in found.items():
+            print(f"{name}: {len(kinds['C++'])} C++ symbols of libtorch, {len(kinds['C shim'])} C functions of its "
+                  f"shim; for example {(kinds['C++'] or kinds['C shim'])[:3]}")
+        cpp, shim = len(found["stable"]["C++"]), len(found["stable"]["C shim"])
+        reveal(imports_guess, STABLE_IMPORTS[0] if cpp else STABLE_IMPORTS[1] if shim else STABLE_IMPORTS[2],
+               why=f"the stable library expects {cpp} C++ symbols of libtorch and {shim} C functions, against "
+                   f"{len(found['classic']['C++'])} C++ symbols for the classic one. A C++ symbol's name encodes "
+                   "namespaces, classes, template and argument types; a torch that changes one of them, or stops "
+                   "exporting it (an inline function, say), no longer defines that name, and the load fails. The "
+                   "stable headers compile torch::stable::Tensor and STABLE_TORCH_LIBRARY into the library itself, "
+                   "over C functions of torch's shim (declared in torch/csrc/inductor/aoti_torch/c/shim.h and "
+                   "torch/csrc/stable/c/shim.h), which torch keeps binary-compatible across releases. What else it "
+                   "imports is the C and C++ runtime (libc, libstdc++), not torch.")
+    else:
+        print("nm (binutils) lists a Linux library's symbols; not available here, so nothing to reveal")
+
+# %% [markdown]
+# What the stable build rests on:
 #
 # - **Headers.** `torch/csrc/stable` (`torch::stable::Tensor`, `STABLE_TORCH_LIBRARY`,
 #   `STABLE_TORCH_LIBRARY_IMPL`, `STABLE_TORCH_LIBRARY_FRAGMENT`, `TORCH_BOX`, the ops in `ops.h`) and
-#   `torch/headeronly` (`ScalarType`, `STD_TORCH_CHECK`, utilities without libtorch). Every call goes
-#   through the C shim (`torch_call_dispatcher`, `aoti_torch_*`), whose functions never change signature.
+#   `torch/headeronly` (`ScalarType`, `STD_TORCH_CHECK`, utilities without libtorch). Every call into torch
+#   goes through the C shim (`torch_call_dispatcher`, `aoti_torch_*`), as the symbols above show
+#   (https://docs.pytorch.org/docs/stable/notes/libtorch_stable_abi.html).
 # - **`TORCH_TARGET_VERSION`** (`torch/csrc/stable/version.h`) is the oldest torch the build must load in,
 #   `[major][minor][patch][5 bytes ABI tag]`, so 2.10.0 is `0x020a000000000000`. The headers hide whatever is
 #   newer than the target: in 2.13's `ops.h`, `from_blob` with a deleter is under
@@ -190,22 +252,60 @@ ext.show(ext.SOURCES / "example_setup" / "setup.py", "sources = [", "install_req
 #   `new_empty`, `fill_`, `copy_`, `transpose` and `matmul`. Everything
 #   else (`AT_DISPATCH_*`, `at::opmath_type`, `at::vec`) is not there: the stable kernel is float32-only for
 #   that reason, and a kernel that needs more stays classic.
-# - **One build, later torches.** For this lesson a 2.10 build of `rms_norm_stable.cpp` was loaded into
-#   torch 2.13 and gave the reference's numbers; the classic `rms_norm_cpu.cpp` built on 2.10 failed to load
-#   in 2.13 with `undefined symbol: at::TensorBase::const_data_ptr<float>` (demangled).
 #
-# What the installed torch ships, and the two builds' times on this machine:
+# What the installed torch ships:
 
 # %%
 abi = ext.stable_abi_headers()
 print("torch/csrc/stable:", ", ".join(abi["stable"]))
 print("torch/headeronly: ", ", ".join(abi["headeronly"]))
 print(f"torch::stable ops in ops.h ({len(abi['ops'])}):", ", ".join(abi["ops"]))
-if requires("cxx", "ninja", section="Build the C++ CPU kernel"):
-    classic, stable = ext.load_cpu_kernels(), ext.load_stable_kernel()
-    ext.register_stable_python_half()
-    print(f"build time when it ran: classic {classic.build_s:.1f} s, stable ABI {stable.build_s:.1f} s "
-          "(the classic one parses ATen's headers)")
+
+
+# %% [markdown]
+# ### Your turn: compute `TORCH_TARGET_VERSION`
+#
+# The target is one 64-bit number, one byte each for major, minor and patch from the top, then the ABI tag
+# (`TORCH_ABI_VERSION` in `torch/headeronly/version.h` draws the layout). The comment in 2.13's
+# `stable/version.h` targets 2.9 with `0x0209000000000000`, and the function below gives exactly that. Fix it
+# so it is right for every version; the check compares it with the 2.10.0 value this lesson builds with and
+# with the `TORCH_VERSION_2_*` macros the installed `torch/csrc/stable/version.h` defines.
+
+# %% tags=["your-turn"]
+def target_version(major: int, minor: int, patch: int = 0) -> int:
+    """TORCH_TARGET_VERSION for torch major.minor.patch (ABI tag 0)."""
+    return int(f"0x{major:02d}{minor:02d}{patch:02d}0000000000", 16)     # gives 0x0209000000000000 for 2.9
+
+
+# %%
+from helpers.checks import fail, passed, your_turn
+
+
+def header_versions() -> dict[tuple[int, int, int], int]:
+    """The TORCH_VERSION_X_Y_Z macros of the installed torch/csrc/stable/version.h, evaluated: each is an OR of
+    ((0ULL + value) << shift) terms."""
+    header = Path(torch.__file__).parent / "include" / "torch" / "csrc" / "stable" / "version.h"
+    text = header.read_text() if header.exists() else ""
+    return {tuple(int(g) for g in m.groups()[:3]):
+            sum(int(value) << int(shift) for value, shift in re.findall(r"\(0ULL \+ (\d+)\) << (\d+)", m.group(4)))
+            for m in re.finditer(r"^#define TORCH_VERSION_(\d+)_(\d+)_(\d+) (.+)$", text, re.M)}
+
+
+def check_target():
+    expected = {(2, 10, 0): int(ext.STABLE_TARGET, 16), **header_versions()}
+    got = {version: target_version(*version) for version in expected}
+    wrong = [version for version in expected if got[version] != expected[version]]
+    if wrong:
+        v = wrong[0]
+        shown = f"0x{got[v]:016x}" if isinstance(got[v], int) else repr(got[v])
+        fail("target_version", f"{len(wrong)} of {len(expected)} versions wrong: {'.'.join(map(str, v))} gave "
+                               f"{shown}, the header's value is 0x{expected[v]:016x}",
+             "a byte holds 0 to 255, written as two hex digits; the f-string writes the minor version as two "
+             "decimal digits. What are 10's two hex digits? (or shift each number into its byte: <<)")
+    passed("target_version", "matches " + ", ".join(f"{'.'.join(map(str, v))}: 0x{x:016x}" for v, x in expected.items()))
+
+
+your_turn(check_target, what="compute TORCH_TARGET_VERSION");
 
 
 # %% [markdown]
@@ -321,10 +421,49 @@ if requires("cxx", section="AOTInductor package with the custom op"):
 # %% [markdown]
 # ## Try it: small rows against large ones
 #
-# On inputs larger than the caches, the fused kernel should win by about the ratio of bytes moved (the
-# reference reads a full-size tensor four times and writes three). On small inputs the fixed cost per call
-# (Python, the dispatcher, waking the thread pool) dominates and the differences shrink or reverse. Move the
-# slider (64 rows, width 2^k, float32):
+# The reference is six ATen operations (square, mean, add, rsqrt, two multiplies) that together read a
+# full-size tensor four times and write three. The fused kernel is one call that reads each row twice and
+# writes it once. Timed on one thread: on a busy machine, two threads' barriers stall and small timings
+# jump (deep dive 02's pitfalls).
+
+# %% tags=["predict"]
+SMALL_ROWS = ("our kernel, by more than 2x", "within 2x of each other", "the reference, by more than 2x")
+small_guess = predict("64 rows of 16 floats (4 KB, far inside the caches): which is faster, our C++ kernel or the "
+                      "six-op reference?", options=SMALL_ROWS, example=SMALL_ROWS[1])
+
+# %% tags=["reveal"]
+torch.set_num_threads(1)      # from here on, the slider below included
+REF, OURS = "reference (PyTorch ops)", "labs_ext.rms_norm"
+
+
+def speedup(r: dict) -> tuple[float, bool]:      # ours over the reference (medians), and: repeats apart?
+    return r["results"][OURS]["ratio_to_baseline"], bench.separated(r, REF, OURS)
+
+
+if ext.native_kernels()["CPU"]:
+    small, large = (ext.compare_kernels(64, n, repeats=3, min_run_time=0.05) for n in (16, 2 ** 16))
+    print(f"64 x 16 float32, {small['kernel']}:\n{bench.table(small)}\n\n64 x 65536 float32:\n{bench.table(large)}")
+    (small_x, small_clear), (large_x, large_clear) = speedup(small), speedup(large)
+    t_ref, t_ours = (small["results"][name]["median_s"] * 1e6 for name in (REF, OURS))
+    large_text = (f"their repeats overlap ({large_x:.1f}x by medians): too close to call here" if not large_clear else
+                  f"ours is {large_x:.1f}x faster" + (": there the bytes moved decide" if large_x < 3 else ", more than "
+                  "the bytes moved explain: the reference also allocates three new 16 MiB tensors a call, and first "
+                  "writes to new memory cost extra (the OS maps fresh pages in as they are touched)"))
+    if small_clear:
+        reveal(small_guess, SMALL_ROWS[0] if small_x > 2 else SMALL_ROWS[2] if small_x < 0.5 else SMALL_ROWS[1],
+               why=f"at 64 x 16 the reference took {t_ref:.1f} µs for its six operations (and the casts around them, "
+                   f"no-ops in float32), our kernel {t_ours:.1f} µs for one call: {small_x:.1f}x. With 4 KB of data "
+                   "each call's fixed cost (Python, the dispatcher, a new output tensor) is nearly all the time, and "
+                   f"ours pays it once. At 64 x 65536 (16 MiB a tensor) {large_text}. Seven full-size passes over "
+                   "memory against three would give 2.3x if memory speed were all that counted.")
+    else:
+        print(f"64 x 16: the two overlapped over the repeats ({small_x:.2f}x by medians): too close to call here; "
+              "run the cell again.")
+else:
+    print("No C++ kernel was built here: labs_ext.rms_norm runs the reference itself, so there is nothing to reveal.")
+
+# %% [markdown]
+# The sizes in between (64 rows, width 2^k, float32, one thread):
 
 # %%
 import ipywidgets as widgets
@@ -334,8 +473,9 @@ from helpers.interactive import interact
 
 def time_width(log2_hidden=10):
     r = ext.compare_kernels(64, 2 ** log2_hidden, repeats=3, min_run_time=0.02)
-    ratio = r["results"]["labs_ext.rms_norm"]["ratio_to_baseline"]
-    print(f"64 x {2 ** log2_hidden}: labs_ext.rms_norm ({r['kernel']}) is {ratio:.2f}x the reference")
+    ratio, clear = speedup(r)
+    print(f"64 x {2 ** log2_hidden}: labs_ext.rms_norm ({r['kernel']}) runs {ratio:.2f}x as fast as the reference"
+          + ("" if clear else " (their repeats overlap: too close to call; move the slider back and forth)"))
 
 
 interact(time_width, log2_hidden=widgets.IntSlider(value=10, min=4, max=16, step=2));
