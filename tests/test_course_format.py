@@ -92,6 +92,26 @@ def test_core_lesson_has_a_your_turn_that_is_checked(item):
     assert after and "your_turn(" in after[0], "the cell after a your-turn cell checks it with your_turn(...)"
 
 
+DEEP_DIVES = [i for i in COURSE if i["kind"] == "lesson" and "deep_dive_of" in i]
+
+
+@pytest.mark.parametrize("item", DEEP_DIVES, ids=lambda i: i["id"])
+def test_deep_dive_has_the_learner_predict_and_act(item):
+    """A deep dive is no reading: two predictions, each revealed later, and a your-turn that is checked."""
+    nb = _nb(item)
+    prompts = _tagged(nb, PREDICT_TAG)
+    assert len(prompts) >= 2, f"{len(prompts)} prediction prompts (cells tagged {PREDICT_TAG!r}), at least 2"
+    for i in prompts:
+        found = re.search(r"^(\w+)\s*=\s*predict\(", nb.cells[i].source, re.M)
+        assert found, f"cell {i}: a prediction prompt assigns predict(...) to a name"
+        later = "\n".join(c.source for c in nb.cells[i + 1:] if c.cell_type == "code")
+        assert re.search(rf"\breveal\(\s*{found.group(1)}\b", later), f"cell {i}: nothing reveals {found.group(1)}"
+    turns = _tagged(nb, YOUR_TURN_TAG)
+    assert turns, f"no cell tagged {YOUR_TURN_TAG!r}"
+    assert any("your_turn(" in c.source for t in turns for c in nb.cells[t + 1:t + 3] if c.cell_type == "code"), \
+        "a cell right after a your-turn cell checks it with your_turn(...)"
+
+
 @pytest.mark.parametrize("item", [i for i in CORES if manifest.deep_dives(i["id"])], ids=lambda i: i["id"])
 def test_core_lesson_ends_by_linking_its_deep_dives(item):
     nb = _nb(item)
