@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | DebugMode as its 2.10 recipe uses it: module names, input hashes, `check_hash_mismatches`, how far each op moved; eager vs compiled op by op (`aot_eager`, then Inductor) and CPU vs GPU; deterministic compile on a GPU (atomic adds, Triton reduction configurations); the thread-count recompile and three ways to mark a dynamic batch, batch 1 included; TorchScript's deprecation and `torch.export` (a dynamic batch, a branch on data with `torch.cond`, what `jit.trace` bakes in); what a 2-process gloo job reports for a mismatched collective and a timeout; what the debugging tools cost; the pitfalls |
+# | **What you will learn** | DebugMode as its 2.10 recipe uses it: module names, input hashes, `check_hash_mismatches`, how far each op moved; eager vs compiled op by op (`aot_eager`, then Inductor) and CPU vs GPU; deterministic compile on a GPU (atomic adds, Triton reduction configurations) and the switch that makes a compiled scatter-add reproducible on a CPU; what the thread count does to a sum's bits and to Dynamo's guards; three ways to mark a dynamic batch, batch 1 included; TorchScript's deprecation and `torch.export` (a dynamic batch, a branch on data with `torch.cond`, what `jit.trace` bakes in); what a 2-process gloo job reports for a mismatched collective and a timeout; what the debugging tools cost; the pitfalls |
 # | **Prerequisites** | [lesson 08](08_debugging_determinism.ipynb) |
 # | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend compiles C++). On a GPU two more sections run: the same model on the CPU and the GPU, and deterministic compile with Triton |
-# | **Time** | 45 minutes |
+# | **Time** | 54 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
 
 # %% tags=["colab-setup"]
@@ -49,6 +49,7 @@ from torch.utils._debug_mode import DebugMode
 
 from helpers import bench, debugging
 from helpers.device import pick_device, quick_mode, requires
+from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -120,9 +121,8 @@ fig.show()
 #
 # Bisect by backend. `backend="aot_eager"` captures the graph with Dynamo and AOTAutograd but runs the same
 # aten kernels as eager: DebugMode sees every op, and every hash should match. Inductor generates code: on a
-# CPU, DebugMode sees only the ops that code calls out to (the matmuls, `aten.addmm.out`), not the fused
-# GELU kernels Inductor writes in C++. Comparing the matmuls one by one still brackets where the bits change:
-# the first matmul is fed the same input, the later ones what the fused GELU produced.
+# CPU, DebugMode sees only the ops that code calls out to (the matmuls, `aten.addmm.out`), not the GELU
+# kernels Inductor writes in C++. Comparing the matmuls one by one still brackets where the bits change.
 #
 # On a GPU, DebugMode also logs each Triton kernel Inductor launches, with hashes of its outputs
 # (`record_triton_kernel` and `post_hashes` in `torch/utils/_debug_mode.py`). `debugging.hash_trace` keeps
@@ -137,19 +137,41 @@ trace_aot = debugging.hash_trace(aot, xb, hash_fn="hash_tensor")
 print("aot_eager: same ops as eager:", [n for n, _ in trace_aot] == [n for n, _ in trace_good],
       "| first bitwise difference:", debugging.first_divergence(trace_good, trace_aot))
 
+# %% tags=["predict"]
+MM_OPTIONS = ["all 5", "only the first", "none"]
+mm_guess = predict("Compiled by Inductor, the net's 5 matmuls stay calls to aten's addmm and its 4 GELUs become "
+                   "generated C++. Which matmuls' outputs will be bitwise equal to eager's?",
+                   options=MM_OPTIONS, example="all 5")
+
 # %%
+from torch._inductor.utils import run_and_get_code
+
 torch._dynamo.reset()
 compiled_net = torch.compile(net)                          # Inductor: each GELU goes into a generated C++ kernel
-compiled_net(xb)                                           # one Inductor compile: seconds on a CPU
+_, generated = run_and_get_code(compiled_net, xb)          # one Inductor compile (seconds), and its source code
 eager_mm = [h for op, h in trace_good if "addmm" in op]
 compiled_mm = [h for op, h in debugging.hash_trace(compiled_net, xb, hash_fn="hash_tensor") if "addmm" in op]
 print("matmuls DebugMode sees, eager / Inductor:", len(eager_mm), "/", len(compiled_mm))
 same_bits = [a == b for a, b in zip(eager_mm, compiled_mm)]
 print("bitwise equal, matmul by matmul:", same_bits)
-if False in same_bits:
-    print(f"-> the first {same_bits.index(False)} matmul(s) agree; the difference enters just before "
-          f"matmul {same_bits.index(False)}, in the fused GELU that feeds it")
 print("max |Inductor - eager| of the output:", (compiled_net(xb) - net(xb)).abs().max().item())
+
+# %% tags=["reveal"]
+source = "\n".join(generated)
+agree = next((i for i, same in enumerate(same_bits) if not same), len(same_bits))   # matmuls equal before the first change
+erf_line = next((line.strip() for line in source.splitlines() if "erf()" in line), "none")
+reveal(mm_guess, "all 5" if agree == 5 else "none" if agree == 0 else "only the first" if agree == 1
+       else f"the first {agree}",
+       why=f"equal bits, matmul by matmul: {same_bits}. The generated code calls `extern_kernels.addmm` "
+           f"{source.count('extern_kernels.addmm(')} times: aten's own kernel, so a matmul fed the same input returns "
+           "the same bits, and the first one reads the same x. Each GELU is Inductor's own C++: it writes out "
+           f"the formula 0.5·x·(1 + erf(x/√2)) (a line of it: `{erf_line}`), vectorized its own way, and nothing "
+           "makes that round exactly like eager's aten::gelu kernel. "
+           + (f"Here it did not: a last-bit difference after GELU {agree} of 4 fed every later matmul, and the output "
+              f"moved by {(compiled_net(xb) - net(xb)).abs().max().item():.1e}, rounding, not a bug. "
+              if agree < len(same_bits) else "Here it did, so every matmul agreed. ")
+           + "The bisection: aot_eager agrees, so the change is in Inductor's code generation; the first "
+           "unequal matmul names the generated kernel just before it.");
 
 # %% [markdown]
 # ## The same model on a CPU and a GPU
@@ -216,11 +238,110 @@ if requires("triton_gpu", section="Deterministic compile on the GPU"):
         if deterministic:
             assert len(results) == 1, "deterministic mode gave different bits from run to run"
 
+
 # %% [markdown]
-# ## More recompiles: the thread count, and three ways to mark a batch
+# ## Your turn: a reproducible scatter-add on this CPU
 #
-# Dynamo's guards include global state such as the **number of threads**. A benchmark harness that times at
-# another thread count (`torch.utils.benchmark.Timer` defaults to **one** thread) recompiles:
+# The same scatter-add, compiled for this CPU, adds a quarter of a million values into 64 bins from all the
+# server's threads. In `reproducible_setup`, write what makes its result the same, bit for bit, in every run,
+# at that thread count. People reach for `torch.manual_seed(0)`, `torch.backends.cudnn.deterministic = True`,
+# `torch._inductor.config.deterministic = True` (what `TORCHINDUCTOR_DETERMINISTIC=1` sets),
+# `torch.set_num_threads(1)` or `torch.use_deterministic_algorithms(True)`. The check compiles afresh, runs it
+# ten times, reads the generated C++, and puts every setting back afterwards.
+
+# %% tags=["your-turn"]
+def reproducible_setup():
+    torch.manual_seed(0)
+
+
+# %%
+import torch._inductor.config as inductor_config
+
+from helpers.checks import fail, your_turn
+
+SERVE_THREADS = max(2, torch.get_num_threads())            # the server's threads (2 on a 1-core machine)
+gen = torch.Generator().manual_seed(0)
+cpu_idx, cpu_vals = torch.randint(0, 64, (1 << 18,), generator=gen), torch.randn(1 << 18, generator=gen)
+
+
+def check_reproducible():
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.get_num_threads(), inductor_config.deterministic,
+             torch.backends.cudnn.deterministic)
+    torch.set_num_threads(SERVE_THREADS)
+    try:
+        reproducible_setup()
+        used = torch.get_num_threads()
+        torch._dynamo.reset()
+        compiled = torch.compile(scatter_add)                # compiled afresh, under the setup
+        code = "\n".join(run_and_get_code(compiled, torch.zeros(64), cpu_idx, cpu_vals)[1])
+        runs = {compiled(torch.zeros(64), cpu_idx, cpu_vals).numpy().tobytes() for _ in range(10)}
+        print(f"{used} thread(s): {len(runs)} distinct result(s) in 10 runs · atomic adds in the generated C++: "
+              f"{'atomic_add' in code} · calls the aten.index_put_ kernel: {'aten.index_put_(' in code}")
+        if used < SERVE_THREADS:
+            fail("thread count", f"the setup left {used} thread(s), the server has {SERVE_THREADS}",
+                 "one thread is reproducible and slow: keep the threads, change how the bins are summed")
+        if len(runs) > 1 or "atomic_add" in code:
+            fail("reproducible bits", f"{len(runs)} distinct result(s) in 10 runs; the code still adds atomically",
+                 "the threads' atomic adds land in another order each run (no seed orders them, and cuDNN is not "
+                 "on a CPU): which switch does index_put's lowering read (torch/_inductor/lowering.py)?")
+    finally:
+        torch.use_deterministic_algorithms(saved[0])
+        torch.set_num_threads(saved[1])
+        inductor_config.deterministic, torch.backends.cudnn.deterministic = saved[2], saved[3]
+        torch._dynamo.reset()
+
+
+your_turn(check_reproducible, what="a reproducible compiled scatter-add");
+
+# %% [markdown]
+# Inductor lowers an accumulating `index_put` to the deterministic aten kernel only when
+# `torch.are_deterministic_algorithms_enabled()` ("Fallback in torch deterministic mode" in
+# `torch/_inductor/lowering.py`). `torch._inductor.config.deterministic` is another switch: "a deterministic
+# mode that skips any on device benchmarking in Inductor if we know they affect numerics" (its comment in
+# `torch/_inductor/config.py`), which leaves the atomic adds. And `use_deterministic_algorithms` is in
+# Dynamo's global-state guard (`GlobalStateGuard` in `torch/csrc/dynamo/guards.cpp`), so flipping it
+# recompiles instead of reusing the atomic graph.
+
+# %% [markdown]
+# ## The thread count: other bits, and a recompile
+#
+# `torch.use_deterministic_algorithms(True)` asks for algorithms that, "given the same input, and when run on
+# the same software and hardware, always produce the same output" (its docstring). Is the number of CPU
+# threads part of "the same"?
+
+# %% tags=["predict"]
+THREAD_OPTIONS = ["the same bits", "different bits", "an error: sum has no deterministic mode"]
+sum_guess = predict("With torch.use_deterministic_algorithms(True), the sum of 4M float32 values at 1 thread and "
+                    "at 2 threads. The two results have...", options=THREAD_OPTIONS, example="the same bits")
+
+# %% tags=["reveal"]
+values, threads = torch.randn(1 << 22, generator=torch.Generator().manual_seed(0)), torch.get_num_threads()
+torch.use_deterministic_algorithms(True)
+try:
+    sums = {t: [] for t in (1, 2)}
+    for t in (1, 2, 1, 2):                                  # each thread count twice
+        torch.set_num_threads(t)
+        sums[t].append(values.sum().item())
+    outcome = "the same bits" if sums[1][0] == sums[2][0] else "different bits"
+except RuntimeError as exc:
+    sums, outcome = {}, "an error: sum has no deterministic mode"
+    print(exc)
+finally:
+    torch.use_deterministic_algorithms(False)
+    torch.set_num_threads(threads)
+print({f"{t} thread(s)": [float.hex(v) for v in vs] for t, vs in sums.items()})
+reveal(sum_guess, outcome,
+       why=f"1 thread: {sums[1][0]!r}, 2 threads: {sums[2][0]!r}; each count twice gave "
+           f"{'the same bits both times' if sums[1][0] == sums[1][1] and sums[2][0] == sums[2][1] else 'two results'}. "
+           "At 1 thread the reduction runs serially; at 2, TensorIterator's parallel_reduce (two_pass_reduction in "
+           "aten/src/ATen/native/TensorIteratorReduce.cpp) gives each thread a chunk and a partial sum, then adds "
+           "the partials: another order of additions, and float addition is not associative. Deterministic mode "
+           "promises the same bits run after run on the same setting, and the thread count is part of the setting. "
+           "Dynamo treats it so too: it guards on it." if sums else "see the error above.");
+
+# %% [markdown]
+# The thread count is in the same `GlobalStateGuard`. A benchmark harness that times at another thread count (`torch.utils.benchmark.Timer` defaults to **one**
+# thread) recompiles:
 
 # %% tags=["nbval-check-output"]
 torch._dynamo.reset()
@@ -242,6 +363,8 @@ print("same thread count again:", len(debugging.count_recompiles(lambda: f(a))),
 # %% [markdown]
 # To avoid it: compile and warm up at the thread count you will time with, and give the timer that count
 # (`helpers.bench.compare` passes `torch.get_num_threads()` to every `Timer`).
+#
+# ## Three ways to mark a dynamic batch
 #
 # Batch sizes that vary at run time, from 1 up, are where a `fail_on_recompile` test fails first. Dynamo
 # *specialises* sizes 0 and 1 and guards that a dynamic size is at least 2. Three markings of dimension 0:
