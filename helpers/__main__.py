@@ -127,6 +127,11 @@ def cmd_site(args) -> int:
     return 0
 
 
+def cmd_gpu_check(args) -> int:
+    from helpers.runner import script_check
+    return script_check.main(args.out, workers=args.workers, timeout_s=args.timeout, paths=args.notebooks or None)
+
+
 def cmd_grade(args) -> int:
     from helpers.grading.grade import grade_submissions
     from helpers.grading.judge import CONTROL
@@ -339,6 +344,16 @@ def main(argv: list[str] | None = None) -> int:
                                        "page with its outputs and where each section ran")
     site.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders written by `run --out`")
     site.add_argument("--out", default="runs/site", help="output folder (default runs/site; the pages in OUT/html)")
+    gpu = sub.add_parser("gpu-check", help="--no-jupyter: every notebook's jupytext twin as a script in quick mode "
+                                           "(torch, numpy, tqdm and this package only), the bundle `make site` "
+                                           "merges; on a GPU, fail on a failed notebook or a silent skip. The "
+                                           "Jupyter path is `make gpu-check`")
+    gpu.add_argument("--no-jupyter", action="store_true", required=True,
+                     help="run the twins as scripts (required: the Jupyter path is `make gpu-check`)")
+    gpu.add_argument("notebooks", nargs="*", help="manifest paths (default: all)")
+    gpu.add_argument("--out", default="runs/gpu-check", help="output folder (default runs/gpu-check)")
+    gpu.add_argument("--workers", type=int, help="twins at a time (default: half the cores, at most 8)")
+    gpu.add_argument("--timeout", type=float, default=240, help="seconds per twin (default 240)")
     grade = sub.add_parser("grade", help="grade a folder of lab submissions; writes scores.csv and feedback")
     grade.add_argument("lab", help="lab id or path, e.g. 00_warmup_lab (see helpers/grading/specs.py)")
     grade.add_argument("submissions", help="folder of submissions: NAME.ipynb, or NAME/<any>.ipynb")
@@ -398,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = {"doctor": cmd_doctor, "run": cmd_run, "report": cmd_report, "site": cmd_site, "grade": cmd_grade, "bench": cmd_bench,
                "notebooks": cmd_notebooks, "labs": cmd_labs, "validate": cmd_validate,
-               "progress": cmd_progress}[args.command]
+               "progress": cmd_progress, "gpu-check": cmd_gpu_check}[args.command]
     return handler(args)
 
 

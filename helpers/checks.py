@@ -14,6 +14,9 @@ import torch
 
 from helpers import progress
 
+STUB_TEXT = ": your code here"   # the end of what a lab's stub raises (helpers.notebooks writes them): the checks
+                                 # and the grader know an untouched stub by it
+
 
 class CheckFailed(AssertionError):
     """A lab check failed; the message ("❌ what: problem", then the hint) is the hint for the learner. It

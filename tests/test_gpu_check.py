@@ -118,3 +118,25 @@ def test_a_bundle_without_static_check_or_doctor_says_so(tmp_path):
     assert gpu_check.verify(tmp_path, detect("H200")) == 0
     bundle = json.loads((tmp_path / gpu_check.BUNDLE).read_text())
     assert bundle["gpu_sections_check"] is None and bundle["doctor"] is None
+
+
+def test_the_twins_run_as_scripts_without_jupyter_and_write_the_bundle(tmp_path, monkeypatch):
+    """`helpers gpu-check --no-jupyter` on a machine without IPython, ipywidgets, plotly or nbformat: stand-ins
+    take their place, the record holds each notebook's sections and figures, and the bundle is written."""
+    from helpers.runner import script_check
+    blocked = tmp_path / "blocked"
+    for name in ("IPython", "ipywidgets", "plotly", "nbformat", "papermill"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('not on this machine: {name}')\n")
+    monkeypatch.setenv("PYTHONPATH", str(blocked))
+    out = tmp_path / "out"
+    code = script_check.main(out, workers=2, paths=["notebooks/00_start_here.ipynb", "labs/solutions/00_warmup_lab.ipynb"])
+    record = json.loads((out / "record.json").read_text())
+    assert code == 0 and [n["status"] for n in record["notebooks"]] == ["passed", "passed"], \
+        [(n["path"], n["detail"]) for n in record["notebooks"]]
+    start = record["notebooks"][0]
+    assert start["sections"] and start["figures"] and start["runner"] == "script"
+    log = (out / "logs" / "00_start_here.log").read_text()
+    assert "a figure" in log and "Not yet" in log        # a stand-in figure; the your-turn read its initial value
+    assert json.loads((out / "gpu-check-bundle.json").read_text())["record"]["notebooks"][1]["path"] == \
+        "labs/solutions/00_warmup_lab.ipynb"

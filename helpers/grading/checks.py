@@ -33,10 +33,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from helpers.checks import CheckFailed
+from helpers.checks import STUB_TEXT, CheckFailed
 from helpers.grading.judge import RECORDER_OFF, judge_case, plain_name
 from helpers.device import capabilities
-from helpers.notebooks import STUB_TEXT
 
 
 # --- Calling an exercise function and recording what it calls --------------------------------------

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from helpers.checks import CheckFailed, check_close, check_equal
-from helpers.notebooks import STUB_TEXT
+from helpers.checks import STUB_TEXT, CheckFailed, check_close, check_equal
 
 if TYPE_CHECKING:   # the specs are not importable in a submission's sandbox, where this module runs
     from helpers.grading.specs import Case, Exercise
