@@ -46,6 +46,10 @@ class _Anything:
         return iter(())
     def show(self, *args, **kwargs):
         print("[a figure: plotly is not installed here]")
+    def to_html(self, *args, **kwargs):
+        return "<p>[a figure: plotly is not installed here]</p>"
+    def __str__(self):
+        return "[a figure: plotly is not installed here]"
 
 def _module(name, **attrs):
     def anything(attr):
