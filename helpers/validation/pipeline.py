@@ -149,8 +149,8 @@ def _where(filename: str) -> str:
 def warning_differences(a: dict, b: dict) -> list[dict]:
     """Warnings (kinds in WARNING_KINDS) per workload or check: raised by B and not by A ("new in B"), the
     reverse ("gone in B"), and those B still raises for an API it says is removed by B's own version
-    ("removal announced for <= B's version: still raised", even when A raised it too). A new
-    DeprecationWarning or FutureWarning and a removal that is due are findings."""
+    ("removal announced for <= B's version: still raised"; a note when A raised it too). Findings are
+    differences: a new DeprecationWarning or FutureWarning, and a due removal that only B raises."""
     rows = []
     steps = dict.fromkeys(list(a.get("warnings", {})) + list(b.get("warnings", {})))
     for step in steps:
@@ -160,10 +160,12 @@ def warning_differences(a: dict, b: dict) -> list[dict]:
             due = removal_due(key[1], b.get("torch", "")) if key in wb else None
             if key[0] not in WARNING_KINDS or ((key in wa) == (key in wb) and not due):
                 continue
-            status = (f"removal announced for {due} and B is {b.get('torch', '').split('+')[0]}: still raised"
+            both = key in wa and key in wb
+            status = (f"removal announced for {due}, overdue on both sides (a note: nothing changed)" if due and both
+                      else f"removal announced for {due} and B is {b.get('torch', '').split('+')[0]}: still raised"
                       if due else "new in B" if key in wb else "gone in B")
             rows.append({"step": step, "category": key[0], "message": key[1], "where": (wb if key in wb else wa)[key]["where"],
-                         "status": status, "finding": bool(due) or (key not in wa and key[0] in FINDING_WARNINGS)})
+                         "status": status, "finding": not both and (bool(due) or (key not in wa and key[0] in FINDING_WARNINGS))})
     return rows
 
 
@@ -359,6 +361,32 @@ def _numbers(details, prefix="") -> dict:
     return out
 
 
+def same_measurement(x: dict, y: dict) -> bool:
+    """Whether two figures of a workload are the same calls seen two ways (a time and its rate): samples whose
+    products are one constant."""
+    a, b = x.get("samples", []), y.get("samples", [])
+    if len(a) != len(b) or len(a) < 2 or "exact" in (x.get("stat"), y.get("stat")):
+        return False
+    products = [p * q for p, q in zip(a, b)]
+    return max(products) - min(products) <= 1e-9 * abs(products[0])
+
+
+def _decide_family(rows: list[dict], min_change: float) -> None:
+    """Holm across the distinct figures that could be told (stats.family_verdicts); a rate seen as the same calls
+    as a time takes the time's verdict."""
+    family = [r for r in rows if r.get("low") is not None and not r.get("same_as")]
+    for row, status in zip(family, stats.family_verdicts(family, min_change)):
+        if row["status"] in ("regression", "improvement") and status == "within noise":
+            row["why"] = (f"its own interval excludes 1, but not after Holm's correction across the {len(family)} "
+                          "distinct figures of this report")
+        row["status"] = status
+    by_name = {(r["workload"], r["figure"]): r for r in rows}
+    for row in rows:
+        if row.get("same_as"):
+            row["status"] = by_name[(row["workload"], row["same_as"])]["status"]
+            row["why"] = f"the same calls as {row['same_as']}: counted once"
+
+
 def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mismatch: bool = False) -> dict:
     """Every figure, reference output, check and warning of run A against run B. "gain" is how many times
     better B is than A (>1: B better, whether the figure is a time or a throughput), with its 95% paired
@@ -394,9 +422,12 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mism
                 continue
             fig = stats.compare_figure(x["samples"], y["samples"], x["better"], x.get("stat", "median"),
                                        x.get("groups"), y.get("groups"), min_change)
+            twin = next((t for t in fa if t != name and fa[t].get("better") == "lower" and x["better"] == "higher"
+                         and _figure_ok(fa[t]) and same_measurement(x, fa[t])), None)
             rows.append(row | fig | {"unit": x.get("unit", ""), "better": x["better"], "a": x["value"],
                                      "b": y["value"], "n_a": len(x["samples"]), "n_b": len(y["samples"]),
-                                     "rounds_a": len(x.get("groups") or [1]), "rounds_b": len(y.get("groups") or [1])})
+                                     "rounds_a": len(x.get("groups") or [1]), "rounds_b": len(y.get("groups") or [1]),
+                                     "same_as": twin})
         ra, rb = wa.get("references", {}), wb.get("references", {})
         for out in dict.fromkeys(list(ra) + list(rb)):
             if out not in ra or out not in rb:
@@ -431,6 +462,7 @@ def compare_runs(a: dict, b: dict, min_change: float = MIN_CHANGE, *, allow_mism
     pkg_a, pkg_b = ea.get("packages", {}) or {}, eb.get("packages", {}) or {}
     env_diff += [{"key": f"package {k}", "a": pkg_a.get(k), "b": pkg_b.get(k)}
                  for k in sorted(set(pkg_a) | set(pkg_b)) if pkg_a.get(k) != pkg_b.get(k)]
+    _decide_family(rows, min_change)
     warning_rows = warning_differences(a, b)
     regressions = ([r for r in rows if r.get("status") == "regression"]
                    + [w for w in warning_rows if w["finding"]]
@@ -449,7 +481,7 @@ def calibration(report: dict) -> dict:
     chance alone (binomial tail), and the median detectable change. Flags more than chance explains
     (p < 0.05) mean this machine's noise breaks the statistic's assumption that a slow stretch hits both
     runs of a pair: rerun on a quieter machine or with more rounds before trusting a finding."""
-    told = [r for r in report["rows"] if r.get("low") is not None]
+    told = [r for r in report["rows"] if r.get("low") is not None and not r.get("same_as")]   # distinct figures
     flagged = [f"{r['workload']}/{r['figure']}" for r in told if r["status"] in ("regression", "improvement")]
     detectable = sorted(r["detectable"] for r in told)
     nominal = round(1 - stats.CONFIDENCE, 4)

@@ -20,7 +20,11 @@ round's slow or quick stretch, so treating them as independent makes the interva
 between runs, and resampling rounds of each side separately throws the pairing away.
 
 The rule: a figure is a regression (improvement) when the whole interval lies below (above) 1 and the
-gain itself is beyond MIN_CHANGE. Fewer than two pairs: "cannot tell" (there is no estimate of the
+gain itself is beyond MIN_CHANGE, and its paired t test stays significant after Holm's correction across the
+report's distinct figures (family_verdicts): one report, one 5% chance of a false alarm however many figures it
+holds (Holm controls the family-wise rate under any dependence between figures; a time and its rate, the same
+calls seen twice, count once). Why Holm and not a confirmation run: it needs no second run, and it never flags
+less than Bonferroni would. Fewer than two pairs: "cannot tell" (there is no estimate of the
 run-to-run noise). A figure that is counted, not timed (peak bytes: stat "exact"), has no noise: beyond
 MIN_CHANGE it is a regression or an improvement, else "unchanged". A tail percentile is reported only with enough samples per round for it
 (`min_samples`: 1,000 for p99). Each figure also states its detectable change: the smallest true change
@@ -116,8 +120,11 @@ def paired_interval(rounds_a: list[float], rounds_b: list[float], better: str, c
     se = float(d.std(ddof=1)) / math.sqrt(k)
     t = t_quantile(1 - (1 - confidence) / 2, k - 1)
     reach = (t + t_quantile(power, k - 1)) * se
+    t_stat = float(d.mean()) / se if se > 0 else math.copysign(math.inf, float(d.mean()) or 1.0)
+    p_value = 2 * (1 - _t_cdf(abs(t_stat), k - 1)) if math.isfinite(t_stat) else 0.0
     return out | {"low": float(np.exp(d.mean() - t * se)), "high": float(np.exp(d.mean() + t * se)),
-                  "sd_log": float(d.std(ddof=1)), "detectable": max(float(np.expm1(reach)), MIN_CHANGE)}
+                  "sd_log": float(d.std(ddof=1)), "detectable": max(float(np.expm1(reach)), MIN_CHANGE),
+                  "p_value": float(min(max(p_value, 0.0), 1.0))}
 
 
 def verdict(interval: dict, min_change: float = MIN_CHANGE) -> str:
@@ -130,6 +137,26 @@ def verdict(interval: dict, min_change: float = MIN_CHANGE) -> str:
     if interval["low"] > 1 and interval["gain"] > 1 + min_change:
         return "improvement"
     return "within noise"
+
+
+def holm(p_values: list[float], alpha: float = 1 - CONFIDENCE) -> list[bool]:
+    """Holm's step-down test: which hypotheses are rejected with a family-wise error rate of at most alpha."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (len(p_values) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def family_verdicts(intervals: list[dict], min_change: float = MIN_CHANGE) -> list[str]:
+    """The verdict of each of a report's distinct figures (paired_interval results): its own verdict, kept as a
+    regression or an improvement only if Holm's test across the figures that could be told still rejects it."""
+    own = [verdict(i, min_change) for i in intervals]
+    told = [j for j, i in enumerate(intervals) if i.get("p_value") is not None]
+    kept = dict(zip(told, holm([intervals[j]["p_value"] for j in told])))
+    return [v if v not in ("regression", "improvement") or kept.get(j) else "within noise" for j, v in enumerate(own)]
 
 
 def compare_figure(samples_a, samples_b, better: str, stat: str = "median", groups_a: list[int] | None = None,
@@ -159,6 +186,8 @@ def compare_figure(samples_a, samples_b, better: str, stat: str = "median", grou
 RULE = (f"gain of B over A per figure: the geometric mean of its per-round gains (A's round i against B's round "
         f"i, made next to each other), with a {int(CONFIDENCE * 100)}% paired t interval on their logarithms; a "
         f"regression (improvement) when the whole interval lies below (above) 1 and the gain is beyond "
-        f"{MIN_CHANGE:.0%}; 'cannot tell' with fewer than {MIN_PAIRS} pairs of rounds; a percentile reported "
+        f"{MIN_CHANGE:.0%}, and its paired t test significant after Holm's correction across the report's "
+        f"distinct figures (a time and its rate count once): at most a {1 - CONFIDENCE:.0%} chance that an "
+        f"A/A report flags anything; 'cannot tell' with fewer than {MIN_PAIRS} pairs of rounds; a percentile reported "
         f"only with enough samples per round (p99: {min_samples('p99')}); 'detectable': the smallest change "
         f"these pairs would find {int(POWER * 100)}% of the time at their noise")
