@@ -263,7 +263,8 @@ def cmd_labs(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    """python -m helpers validate run|compare|matrix: the migration / performance validation pipeline."""
+    """python -m helpers validate run|compare|matrix|plan: the migration / performance validation pipeline (plan:
+    from a paired comparison, an A/A one best, the rounds each change needs at its measured noise)."""
     from helpers import validation
     if args.action == "run":
         run = validation.run_pipeline(quick=args.quick, device=args.device, threads=args.threads,
@@ -291,7 +292,7 @@ def cmd_validate(args) -> int:
         print(f"driver total {record['total_seconds']:.0f} s; written: {Path(record['out']) / 'report.html'}")
         return 1 if record["findings"] else 0
     if len(args.paths) != 2:
-        raise SystemExit("validate compare takes exactly two run files: A.json B.json (or rounds of each side, "
+        raise SystemExit(f"validate {args.action} takes exactly two run files: A.json B.json (or rounds of each side, "
                          "comma-separated and in the order they were made: A1.json,A2.json B1.json,B2.json)")
     try:
         sides = [[validation.load_run(p) for p in side.split(",") if p] for side in args.paths]
@@ -299,6 +300,10 @@ def cmd_validate(args) -> int:
                                            for runs in sides), allow_mismatch=args.allow_mismatch)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if args.action == "plan":
+        merged = [runs[0] if len(runs) == 1 else validation.merge_runs(runs) for runs in sides]
+        print(validation.plan_text(validation.plan(report, *merged)))
+        return 0
     print(validation.table(report))
     print(f"written: {validation.write_report(report, args.out or 'runs/validation-report.html')}")
     return 1 if report["regressions"] else 0
@@ -389,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                                                "then lab ids (default all)")
     val = sub.add_parser("validate", help="migration / performance validation: run the pipeline, compare two runs, "
                                           "or both under two torch versions")
-    val.add_argument("action", choices=["run", "compare", "matrix"])
+    val.add_argument("action", choices=["run", "compare", "matrix", "plan"])
     val.add_argument("paths", nargs="*", help="compare: the two run files A.json B.json (rounds of a side made "
                                               "alternately with the other's: A1.json,A2.json B1.json,B2.json, "
                                               "paired in that order); matrix: two torch versions A B (e.g. 2.9.1 "

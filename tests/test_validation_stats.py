@@ -286,3 +286,27 @@ def test_a_time_and_its_rate_are_one_figure_and_holm_keeps_a_real_regression():
     assert rows["rate"]["same_as"] is not None and rows["rate"]["status"] == rows[rows["rate"]["same_as"]]["status"]
     assert rows[rows["rate"]["same_as"]]["status"] == "regression"
     assert pipeline.calibration(compare_runs(a, b))["figures"] == 1
+
+
+def test_rounds_needed_follow_the_noise_and_the_plan_reads_an_a_a_comparison(tmp_path, capsys):
+    """More noise or a smaller change needs more pairs; at the recorded run's median spread (0.16) a 10% change
+    needs dozens of pairs alone, and the report's rule needs more. The plan command prints it from two runs."""
+    assert stats.rounds_needed(0.16, 0.10) > stats.rounds_needed(0.05, 0.10) >= stats.MIN_PAIRS
+    assert stats.rounds_needed(0.16, 0.05) > stats.rounds_needed(0.16, 0.10)
+    assert stats.rounds_needed(0.16, 0.10, alpha=0.005) > stats.rounds_needed(0.16, 0.10)
+    k = stats.rounds_needed(0.16, 0.10)
+    simulated = np.random.default_rng(1).normal(np.log(1.1), 0.16, size=(4000, k))   # a true 10% change, k pairs
+    found = [stats.verdict(stats.paired_interval([1.0] * k, list(np.exp(d)), "higher")) == "improvement"
+             for d in simulated[:400]]
+    assert 0.7 < np.mean(found) < 0.95            # about the 80% power it was planned for
+    rng = np.random.default_rng(2)
+    a = fake_run("a", list(rng.lognormal(np.log(0.02), 0.05, 16)), [4, 4, 4, 4]) | {"seconds": {"w": 3.0}, "rounds": 4}
+    b = fake_run("b", list(rng.lognormal(np.log(0.02), 0.05, 16)), [4, 4, 4, 4]) | {"seconds": {"w": 3.0}, "rounds": 4}
+    planned = pipeline.plan(compare_runs(a, b), a, b)
+    assert [f["figure"] for f in planned["figures"]] == ["w/step"] and planned["seconds_per_pair"] == 1.5
+    assert planned["overall"][0.10] == planned["figures"][0]["report"][0.10]
+    pipeline.save_run(a, tmp_path / "a.json")
+    pipeline.save_run(b, tmp_path / "b.json")
+    assert main(["validate", "plan", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "w/step" in out and "to find a 10% change" in out

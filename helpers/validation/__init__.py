@@ -11,12 +11,13 @@ refuses mismatched runs (`pipeline`), and the two-environment driver (`matrix`).
     python -m helpers validate run --quick --out a.json
     python -m helpers validate compare a.json b.json --out report.html
     python -m helpers validate matrix 2.9.1 2.10.0 --quick          # make validate-matrix
+    python -m helpers validate plan a.json b.json                   # rounds each change needs at this noise
 """
-from helpers.validation.pipeline import (NotComparable, chart, compare_runs, load_run, merge_runs, run_pipeline,
-                                         save_run, table, write_report)
+from helpers.validation.pipeline import (NotComparable, chart, compare_runs, load_run, merge_runs, plan, plan_text,
+                                         run_pipeline, save_run, table, write_report)
 
-__all__ = ["NotComparable", "benchmark", "chart", "compare_runs", "load_run", "merge_runs", "run_pipeline",
-           "save_run", "table", "write_report"]
+__all__ = ["NotComparable", "benchmark", "chart", "compare_runs", "load_run", "merge_runs", "plan", "plan_text",
+           "run_pipeline", "save_run", "table", "write_report"]
 
 
 def benchmark(quick: bool = False) -> dict:

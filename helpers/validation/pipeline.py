@@ -493,6 +493,43 @@ def calibration(report: dict) -> dict:
             "median_detectable": detectable[len(detectable) // 2] if detectable else None}
 
 
+PLAN_CHANGES = (0.05, 0.10)
+
+
+def plan(report: dict, a: dict | None = None, b: dict | None = None, changes=PLAN_CHANGES) -> dict:
+    """From a paired comparison (an A/A one, or any): for each distinct timed figure, its per-pair spread and the
+    pairs of rounds needed to find each change in `changes` 80% of the time at 95%, one figure alone and under
+    the report's Holm rule (its strictest step, 5% over the number of figures); overall, the most any figure
+    needs; and the wall time that costs at the runs' own time per pair of rounds (a and b: the runs)."""
+    family = [r for r in report["rows"] if r.get("sd_log") is not None and not r.get("same_as")]
+    m = max(len(family), 1)
+    figures = [{"figure": f"{r['workload']}/{r['figure']}", "sd_log": r["sd_log"], "pairs": r["pairs"],
+                "alone": {c: stats.rounds_needed(r["sd_log"], c) for c in changes},
+                "report": {c: stats.rounds_needed(r["sd_log"], c, alpha=(1 - stats.CONFIDENCE) / m) for c in changes}}
+               for r in family]
+    overall = {c: None if any(f["report"][c] is None for f in figures) or not figures
+               else max(f["report"][c] for f in figures) for c in changes}
+    per_pair = sum(sum(run.get("seconds", {}).values()) for run in (a, b)) if a and b else None
+    rounds = (a or {}).get("rounds") or 1
+    return {"figures": figures, "overall": overall, "changes": list(changes),
+            "seconds_per_pair": per_pair / rounds if per_pair else None}
+
+
+def plan_text(planned: dict) -> str:
+    """The plan as lines: each figure's noise and rounds, then the overall line with its wall time."""
+    def n(k):
+        return "over 1000" if k is None else str(k)
+    lines = [f"{f['figure']:<44} spread {f['sd_log']:.3f} over {f['pairs']} pairs: " + ", ".join(
+        f"{c:.0%} needs {n(f['alone'][c])} pairs alone, {n(f['report'][c])} in the report" for c in planned["changes"])
+        for f in planned["figures"]]
+    for c, k in planned["overall"].items():
+        cost = "" if k is None or not planned["seconds_per_pair"] else \
+            f", about {k * planned['seconds_per_pair'] / 60:.0f} min at {planned['seconds_per_pair']:.0f} s a pair"
+        lines.append(f"to find a {c:.0%} change in any figure 80% of the time under the report's rule: {n(k)} pairs of "
+                     f"rounds{cost}")
+    return "\n".join(lines)
+
+
 def _path_text(value):
     """A recorded path as one line: a dict of probes as "name: outcome; ..."."""
     if isinstance(value, dict):
@@ -587,6 +624,10 @@ def table(report: dict) -> str:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     lines.append("figures: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
     lines.append(f"rule: {report['statistic']}")
+    planned = plan(report)
+    if planned["figures"]:
+        lines.append("rounds: " + "; ".join(f"a {c:.0%} change needs {'over 1000' if k is None else k} pairs at this "
+                                            f"noise" for c, k in planned["overall"].items()))
     lines.append(f"{len(report['regressions'])} finding(s): regressions beyond the noise, failed checks, drifts, "
                  f"new deprecation warnings")
     return "\n".join(lines)

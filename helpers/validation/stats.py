@@ -139,6 +139,17 @@ def verdict(interval: dict, min_change: float = MIN_CHANGE) -> str:
     return "within noise"
 
 
+def rounds_needed(sd_log: float, change: float, alpha: float = 1 - CONFIDENCE, power: float = POWER,
+                  most: int = 1000) -> int | None:
+    """The fewest pairs of rounds whose paired t test finds a true change of `change` (0.10: 10%) with
+    probability `power` at two-sided level `alpha`, at a per-pair spread of sd_log; None beyond `most`."""
+    effect = math.log1p(change)
+    for k in range(MIN_PAIRS, most + 1):
+        if (t_quantile(1 - alpha / 2, k - 1) + t_quantile(power, k - 1)) * sd_log / math.sqrt(k) <= effect:
+            return k
+    return None
+
+
 def holm(p_values: list[float], alpha: float = 1 - CONFIDENCE) -> list[bool]:
     """Holm's step-down test: which hypotheses are rejected with a family-wise error rate of at most alpha."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
