@@ -438,6 +438,12 @@ def test_interpreter_internals_are_found_in_the_source_and_no_solution_uses_them
     for path in sorted((REPO / "labs" / "solutions").glob("*.ipynb")):
         assert interpreter_internals(path.read_text()) == [], path.name
     nb = copy.deepcopy(SOLUTION)
-    nb.cells.append(new_code_cell("%time x = 1\nimport gc as g\nf = getattr(g, 'get_referrers')\ny = frame.f_back"))
+    nb.cells.append(new_code_cell("%time x = 1\nimport sys as s\nf = getattr(s, '_getframe')\ny = frame.f_back"))
     found = interpreter_internals(nbformat.writes(nb))
-    assert [w.split()[0] for w in found] == ["f_back", "get_referrers"], found
+    assert [w.split()[0] for w in found] == ["_getframe", "f_back"], found
+    # honest but unusual code is not flagged: a docstring that names an internal, a memory-debugging cell (the
+    # sandbox's audit hook refuses gc.get_objects when it runs: that cell fails there and costs nothing)
+    honest = copy.deepcopy(SOLUTION)
+    honest.cells.append(new_code_cell('def helper():\n    """Not sys.settrace, not frame.f_locals."""\n    return 1\n'
+                                      '"a note on f_back"\nimport gc\ntensors = [o for o in gc.get_objects()]'))
+    assert interpreter_internals(nbformat.writes(honest)) == []

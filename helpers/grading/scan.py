@@ -1,7 +1,11 @@
 """What the grader reads in a submission's source, in its own process: the interpreter internals that let
 code inside the sandbox reach the grader's harness and recorder (frames, the garbage collector's object
 graph, torch's mode stacks, code objects, raw process creation). No lab needs them; a submission that uses
-them can hide a forbidden call from the recorder, so its exercises with forbidden calls are not trusted."""
+them can hide a forbidden call from the recorder, so its exercises with forbidden calls are not trusted.
+
+Not scanned: what the sandbox's audit hook refuses when it runs (the garbage collector's object graph,
+sys._current_frames: a memory-debugging cell fails there, and costs nothing), and text that runs nothing (a
+docstring or any string standing alone as a statement, comments)."""
 from __future__ import annotations
 
 import ast
@@ -11,8 +15,7 @@ import nbformat
 
 INTERNALS = {
     "_getframe": "frames", "f_back": "frames", "f_locals": "frames", "f_globals": "frames",
-    "tb_frame": "frames", "gi_frame": "frames", "cr_frame": "frames", "_current_frames": "frames",
-    "get_referrers": "the object graph", "get_referents": "the object graph", "get_objects": "the object graph",
+    "tb_frame": "frames", "gi_frame": "frames", "cr_frame": "frames",
     "_pop_torch_function_stack": "torch's mode stacks", "_push_on_torch_function_stack": "torch's mode stacks",
     "_get_function_stack_at": "torch's mode stacks", "_len_torch_function_stack": "torch's mode stacks",
     "DisableTorchFunction": "torch's mode stacks", "DisableTorchFunctionSubclass": "torch's mode stacks",
@@ -39,6 +42,8 @@ def interpreter_internals(notebook_text: str) -> list[str]:
             tree = ast.parse(MAGIC.sub("pass  # ", cell.source))
         except SyntaxError:
             continue
+        inert = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+                 and isinstance(node.value, ast.Constant)}     # docstrings and other strings that run nothing
         for node in ast.walk(tree):
             words = []
             if isinstance(node, ast.Attribute):
@@ -48,7 +53,7 @@ def interpreter_internals(notebook_text: str) -> list[str]:
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 words = [part for alias in node.names for part in alias.name.split(".")]
                 words += (node.module or "").split(".") if isinstance(node, ast.ImportFrom) else []
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in inert:
                 words = [w for w in INTERNALS if w in node.value]
             found += [f"{w} ({INTERNALS[w]}) in cell {index}" for w in words if w in INTERNALS]
     return sorted(set(found))
