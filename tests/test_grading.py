@@ -116,7 +116,7 @@ def test_csv_and_feedback_files(graded):
     partial = (out / "feedback" / "partial.md").read_text()
     assert "Score: 1 / 2" in partial and "✅ Exercise 1: softmax: huge values (1e4) do not overflow (hidden check)" \
         in partial
-    assert "raised NotImplementedError: `Exercise 2: your code here`" in partial
+    assert "not started: rms_norm still raises NotImplementedError" in partial and "Task: write rms_norm" in partial
     hanging = (out / "feedback" / "hanging.md").read_text()
     assert "ran past the time limit" in hanging and "look for a loop that never ends" in hanging
     stubborn = (out / "feedback" / "stubborn_hang.md").read_text()
@@ -136,7 +136,7 @@ def test_adversarial_attempts_are_refused_and_flagged(graded):
         assert any("blocked open of" in f and "00_warmup_lab.ipynb" in f for f in row["flags"])
         assert "PermissionError: grading: a submission may not access" in text
     assert "blocked subprocess.Popen" in row["flags"]
-    assert "values differ" in text            # the Liar subclass came back as a plain tensor of zeros
+    assert "got Liar_refused_as_a_tensor_subclass" in text   # refused, never converted after the recording
     assert "✅" not in text                   # the fake "passed" lines it printed count for nothing
 
 

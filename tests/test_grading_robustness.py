@@ -1,9 +1,12 @@
 """One submission can neither stop, hang nor exhaust the grader: what it sends is bounded before it is read, a
 message the grader cannot decode stops that sandbox at once, names and sizes are checked before use, and what a
 killed grader left behind is removed by the next one."""
+import base64
 import io
+import json
 import os
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -176,3 +179,31 @@ def test_an_exercise_the_grading_machine_cannot_run_is_not_gradable_not_zero(mon
     row["seconds"] = 1.0
     assert "not gradable here" in scores_csv([row], spec.exercises)
     assert f"- {plan.title}: not gradable here" in feedback(row, spec.lab, spec.exercises, run)
+
+
+def test_in_process_tricks_are_refused_or_seen():
+    """A returned tensor subclass is refused, not converted (its own code would run after the recording); a
+    patched private function that torch.save calls is seen as tampering; code decoded and run at run time is
+    read as the notebook is."""
+    from helpers.grading import sandbox
+    from helpers.grading.scan import RUNTIME_INTERNALS
+
+    class Lazy(torch.Tensor):
+        pass
+    assert sandbox._plain(torch.zeros(2).as_subclass(Lazy))["type"] == "Lazy_refused_as_a_tensor_subclass"
+    assert type(sandbox._plain(torch.nn.Parameter(torch.ones(2)))) is torch.Tensor
+    originals = sandbox._originals()
+    saved = torch.serialization._save
+    try:
+        torch.serialization._save = lambda *a, **k: None
+        assert "torch.serialization._save" in sandbox.tampered(originals)
+    finally:
+        torch.serialization._save = saved
+    assert sandbox.tampered(originals) == []
+    code = "import base64\nexec(base64.b64decode(%r).decode())" % base64.b64encode(
+        b"import sys\nf = sys._getframe().f_back").decode()
+    done = subprocess.run([sys.executable, "-c", (
+        "import sys, json\nfrom helpers.grading import sandbox\nflags = []\nsandbox.install_guard([], flags)\n"
+        f"exec({code!r})\nprint(json.dumps(flags))")], capture_output=True, text=True, timeout=120)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert any(f.startswith(RUNTIME_INTERNALS) and "f_back" in f for f in found), (found, done.stderr[-800:])

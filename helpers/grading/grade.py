@@ -49,7 +49,7 @@ from helpers.grading import isolation
 from helpers.grading.checks import expected_result
 from helpers.grading.judge import judge_case
 from helpers.grading.report import feedback, scores_csv
-from helpers.grading.scan import interpreter_internals
+from helpers.grading.scan import RUNTIME_INTERNALS, interpreter_internals
 from helpers.grading.messages import UNREADABLE, frames
 from helpers.grading.specs import LabSpec, spec_for
 from helpers.interactive import HEADLESS_ENV
@@ -497,6 +497,8 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
                                  isolated=problem is None, protected=protected)
             internals = [] if run["stops"] == ["malformed notebook"] else \
                 interpreter_internals(notebook.read_text(errors="replace"))
+            internals += [f.removeprefix(RUNTIME_INTERNALS).strip() + " (compiled at run time)" for f in run["flags"]
+                          if f.startswith(RUNTIME_INTERNALS)]
             row = grade_one(student, run, spec, cases, expected, isolation.row_isolation(problem, run["cgroup"]),
                             internals)
         except Exception as exc:   # one submission never stops the class: it gets 0, and the row says why

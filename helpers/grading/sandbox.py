@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import resource
 import signal
 import sys
@@ -83,8 +84,14 @@ def install_guard(protected: list[str], flags: list[str], allow_processes: bool 
             os.path.basename(real).startswith(("specs.", "grading_specs"))
 
     sandbox_file = os.path.realpath(__file__)
+    from helpers.grading.scan import RUNTIME_INTERNALS, internals_in_source
 
-    def hook(event, args):   # sys._getframe(k) straight to the frame that holds the job and the pipe
+    def hook(event, args):
+        if event == "compile" and args and isinstance(args[0], (str, bytes)) and str(args[1]) == "<string>":
+            # code built at run time (exec of a decoded string): read as the grader reads the notebook
+            for found in internals_in_source(os.fsdecode(args[0]) if isinstance(args[0], bytes) else args[0]):
+                flags.append(f"{RUNTIME_INTERNALS} {found}")
+        # sys._getframe(k) straight to the frame that holds the job and the pipe
         if event in INTROSPECTION_EVENTS or (event == "sys._getframe" and args and
                                              os.path.realpath(args[0].f_code.co_filename) == sandbox_file):
             flags.append(f"blocked {event}")
@@ -107,11 +114,14 @@ def _checked_by_the_grader(lab, fn, function=None, seed=0) -> None:
 
 
 def _plain(value, depth: int = 0):
-    """What travels back: plain tensors (a subclass loses its class), plain values, and lists, tuples and
-    dicts of them; anything else as its type name."""
+    """What travels back: tensors of exactly torch.Tensor (or nn.Parameter), plain values, and lists, tuples and
+    dicts of them; anything else as its type name. A tensor subclass is refused, not converted: converting runs
+    its own code after the recording stopped, where it could compute the answer unseen."""
     import torch
+    if type(value) in (torch.Tensor, torch.nn.Parameter):
+        return value.detach().cpu().clone()
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().as_subclass(torch.Tensor).clone()
+        return {"type": f"{type(value).__name__}_refused_as_a_tensor_subclass"}
     if value is None or type(value) in (bool, int, float, str):
         return value
     if depth < 4 and type(value) in (list, tuple):
@@ -158,7 +168,7 @@ def _roots() -> dict:
 
     import helpers.grading.checks as checks
     import helpers.grading.judge as judge
-    return {"sys": sys, "threading": threading, "torch": torch, "os": os,
+    return {"sys": sys, "threading": threading, "torch": torch, "os": os, "io": io, "pickle": pickle,
             "TorchFunctionMode": torch.overrides.TorchFunctionMode,
             "TorchDispatchMode": torch.utils._python_dispatch.TorchDispatchMode,
             checks.__name__: checks, judge.__name__: judge, __name__: _SELF}
@@ -169,6 +179,10 @@ def _originals() -> tuple:
     code, the recorder, the sender's tools, and what turns recording on and off."""
     roots = _roots()
     found = {label: _current(label, roots) for label in WATCHED}
+    # what torch.save reaches at call time, by module attribute: a patched private function forges results
+    for prefix, module in (("torch.serialization", roots["torch"].serialization), ("io", roots["io"]),
+                           ("pickle", roots["pickle"])):
+        found |= {f"{prefix}.{name}": value for name, value in vars(module).items() if callable(value)}
     for module in (roots["helpers.grading.checks"], roots["helpers.grading.judge"], _SELF):
         for name, value in vars(module).items():
             if callable(value) and getattr(value, "__module__", None) == module.__name__:

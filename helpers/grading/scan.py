@@ -11,8 +11,6 @@ from __future__ import annotations
 import ast
 import re
 
-import nbformat
-
 INTERNALS = {
     "_getframe": "frames", "f_back": "frames", "f_locals": "frames", "f_globals": "frames",
     "tb_frame": "frames", "gi_frame": "frames", "cr_frame": "frames",
@@ -25,35 +23,40 @@ INTERNALS = {
     "_posixsubprocess": "raw process creation", "fork_exec": "raw process creation",
 }
 MAGIC = re.compile(r"^\s*[%!]", re.M)
+RUNTIME_INTERNALS = "interpreter internals in code compiled at run time:"   # the sandbox's flag, read as the scan
 
 
 def interpreter_internals(notebook_text: str) -> list[str]:
     """'NAME (what it reaches) in cell N' for each internal the notebook's code cells name, as an attribute,
     a name, an import or a string; [] when none (or the notebook cannot be read: the grader says so elsewhere)."""
+    import nbformat
     try:
         nb = nbformat.reads(notebook_text, as_version=4)
     except Exception:
         return []
+    return sorted({f"{found} in cell {index}" for index, cell in enumerate(nb.cells) if cell.cell_type == "code"
+                   for found in internals_in_source(cell.source)})
+
+
+def internals_in_source(source: str) -> list[str]:
+    """'NAME (what it reaches)' for each internal a piece of code names (IPython's magics read as comments)."""
+    try:
+        tree = ast.parse(MAGIC.sub("pass  # ", source))
+    except SyntaxError:
+        return []
     found = []
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        try:
-            tree = ast.parse(MAGIC.sub("pass  # ", cell.source))
-        except SyntaxError:
-            continue
-        inert = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
-                 and isinstance(node.value, ast.Constant)}     # docstrings and other strings that run nothing
-        for node in ast.walk(tree):
-            words = []
-            if isinstance(node, ast.Attribute):
-                words = [node.attr]
-            elif isinstance(node, ast.Name):
-                words = [node.id]
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                words = [part for alias in node.names for part in alias.name.split(".")]
-                words += (node.module or "").split(".") if isinstance(node, ast.ImportFrom) else []
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in inert:
-                words = [w for w in INTERNALS if w in node.value]
-            found += [f"{w} ({INTERNALS[w]}) in cell {index}" for w in words if w in INTERNALS]
+    inert = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+             and isinstance(node.value, ast.Constant)}     # docstrings and other strings that run nothing
+    for node in ast.walk(tree):
+        words = []
+        if isinstance(node, ast.Attribute):
+            words = [node.attr]
+        elif isinstance(node, ast.Name):
+            words = [node.id]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            words = [part for alias in node.names for part in alias.name.split(".")]
+            words += (node.module or "").split(".") if isinstance(node, ast.ImportFrom) else []
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in inert:
+            words = [w for w in INTERNALS if w in node.value]
+        found += [f"{w} ({INTERNALS[w]})" for w in words if w in INTERNALS]
     return sorted(set(found))

@@ -115,7 +115,11 @@ def _softmax_reference(x, dim=-1):
     return torch.where(torch.isneginf(x).all(dim=dim, keepdim=True), torch.zeros_like(out), out)
 
 
-SOFTMAX = ("softmax", "_softmax", "log_softmax", "_log_softmax", "special_softmax")
+SOFTMAX = ("softmax", "_softmax", "log_softmax", "_log_softmax", "special_softmax", "_safe_softmax",
+           # attention computes a softmax inside: with a query of ones and an identity value it returns one
+           "scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+           "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
 
 
 def _rms_norm_reference(x, weight, eps=1e-6):
@@ -128,9 +132,10 @@ SPECS: dict[str, LabSpec] = {
                  refused="torch's softmax is the function you are writing, and it gives NaN on a fully masked row: "
                          "build yours from exp, a max and a sum, and decide that row yourself"),
         Exercise("Exercise 2: rms_norm", "rms_norm", _rms_norm_cases, _rms_norm_reference,
-                 forbidden=("rms_norm", "_fused_rms_norm"),
-                 refused="torch's rms_norm is the function you are writing: take the mean of the squares yourself, "
-                         "with eps and the weight"),
+                 forbidden=("rms_norm", "_fused_rms_norm", "layer_norm", "native_layer_norm", "group_norm",
+                            "native_group_norm", "batch_norm", "instance_norm"),
+                 refused="torch's rms_norm, and the other norms that can be made to compute it, are the function you "
+                         "are writing: take the mean of the squares yourself, with eps and the weight"),
     )),
 }
 
