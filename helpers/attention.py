@@ -579,10 +579,13 @@ def compile_and_compare(batch: int, seq: int, dim: int = 128, heads: int = 4, *,
 
 def time_backends(seq_lens: list[int], batch: int = 1, heads: int = 4, head_dim: int = 64,
                   backends=("MATH", "FLASH_ATTENTION"), repeats: int = 3, min_run_time: float = 0.05,
-                  dtype=torch.float32, device=None) -> dict:
-    """Median time per backend at each sequence length (causal self-attention), measured interleaved."""
+                  dtype=torch.float32, device=None, threads: int | None = None) -> dict:
+    """Median time per backend at each sequence length (causal self-attention), measured interleaved at
+    `threads` threads (default: the current count); min_s/max_s hold each one's spread over the repeats, and
+    separated[n] whether the first two backends' spreads did not overlap (bench.separated)."""
     device = device or "cpu"
-    rows = {}
+    threads = threads or torch.get_num_threads()
+    rows, lows, highs, apart = {}, {}, {}, {}
     for n in seq_lens:
         q = torch.randn(batch, heads, n, head_dim, dtype=dtype, device=device)
         def run(b):
@@ -591,11 +594,15 @@ def time_backends(seq_lens: list[int], batch: int = 1, heads: int = 4, head_dim:
                     F.scaled_dot_product_attention(q, q, q, is_causal=True)
             return call
         r = bench.compare({b: run(b) for b in backends}, baseline=backends[0], repeats=repeats,
-                          min_run_time=min_run_time, device=device)
+                          min_run_time=min_run_time, device=device, threads=threads)
         rows[n] = {b: r["results"][b]["median_s"] for b in backends}
-    return {"seq_lens": list(seq_lens), "backends": list(backends), "median_s": rows,
+        lows[n] = {b: r["results"][b]["min_s"] for b in backends}
+        highs[n] = {b: r["results"][b]["max_s"] for b in backends}
+        apart[n] = len(backends) < 2 or bench.separated(r, backends[0], backends[1])
+    return {"seq_lens": list(seq_lens), "backends": list(backends), "median_s": rows, "min_s": lows,
+            "max_s": highs, "separated": apart, "repeats": repeats,
             "batch": batch, "heads": heads, "head_dim": head_dim, "dtype": str(dtype),
-            "threads": torch.get_num_threads(), "torch": torch.__version__}
+            "threads": threads, "torch": torch.__version__}
 
 
 def time_ragged(lengths: list[int], heads: int = 4, head_dim: int = 64, repeats: int = 3,

@@ -6,7 +6,7 @@
 # | **What you will learn** | why a batch-1 matmul is bound by the bytes of its weight, measured against this machine's bandwidth; int8 weight-only per channel with `torch._weight_int8pack_mm` and the activation-dtype trap; int4 weight-only packed two codes per byte with `torch._weight_int4pack_mm_for_cpu`, and what its scales and zero points cost; why scales go per channel or per group; the accuracy each format costs on a real labelled task (scikit-learn digits), and what to do when post-training quantization misses |
 # | **Prerequisites** | lesson 00; `nn.Linear`, a training loop |
 # | **Hardware** | any CPU: every kernel here is torch's own CPU kernel. scikit-learn runs the accuracy section (skipped with a reason without it). GPUs, FP8, static int8 and QAT are in the deep dive |
-# | **Time** | 41 minutes |
+# | **Time** | 42 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); claims about 2.10 are checked against its release notes and source |
 #
 # The story: at batch 1 a layer's time is the time to read its weight → so store fewer bytes per weight:
@@ -53,8 +53,10 @@ QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
 if QUICK:
     SIZE, DIGITS_STEPS = 1024, 200
-REPEATS, MIN_RUN_S = (3, 0.02) if QUICK else (5, 0.1)
+REPEATS, MIN_RUN_S = (5, 0.02) if QUICK else (7, 0.1)
 THREADS = torch.get_num_threads()
+TIMING_THREADS = 1        # every timing runs at this fixed count: all threads on a busy machine swing by several times
+NOISY = "too noisy here to tell; run again or use fewer threads"
 print(f"torch {torch.__version__} · device {DEVICE} · CPU ISA {cpu_capability()} · threads {THREADS} · "
       f"quick: {QUICK} · weight {SIZE}x{SIZE}")
 
@@ -68,9 +70,13 @@ print(f"torch {torch.__version__} · device {DEVICE} · CPU ISA {cpu_capability(
 # CPU's read bandwidth first (`helpers.bench`, summing a large fp32 tensor). The timings cycle through
 # several copies of the weight, as a forward pass reads a different layer each time, so the weight comes
 # from memory, not from the cache (in full mode: quick mode's small weights can stay in the cache).
+# Every timing runs at `TIMING_THREADS` thread (`bench.compare` hands it to torch.utils.benchmark's Timer,
+# which sets it while measuring and restores it) and a reveal trusts a ratio only when the two candidates'
+# min-max spreads do not overlap (`bench.separated`).
 
 # %%
-limits = bench.measure_limits(quick=True, device="cpu") if QUICK else bench.machine_limits(device="cpu")
+limits = (bench.measure_limits(TIMING_THREADS, quick=True, device="cpu") if QUICK
+          else bench.machine_limits(TIMING_THREADS, device="cpu"))
 BANDWIDTH = limits["read_bandwidth_gbs"]
 print(f"read bandwidth: {BANDWIDTH:.1f} GB/s at {limits['threads']} threads")
 print(f"fp32 weight {SIZE}x{SIZE}: {SIZE * SIZE * 4 / 2**20:.0f} MiB, so at least "
@@ -100,30 +106,38 @@ for m in batches:
     sweep[f"fp32 M={m}"] = cycled(lambda i, x=x_m: F.linear(x, weights[i]))
     sweep[f"int8 M={m}"] = cycled(lambda i, x=x_m: int8_layers[i](x))
 with torch.no_grad():
-    sweep_result = bench.compare(sweep, baseline="fp32 M=1", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu")
+    sweep_result = bench.compare(sweep, baseline="fp32 M=1", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu",
+                                 threads=TIMING_THREADS)
 speedup = {m: sweep_result["results"][f"fp32 M={m}"]["median_s"] / sweep_result["results"][f"int8 M={m}"]["median_s"]
            for m in batches}
+apart = {m: bench.separated(sweep_result, f"fp32 M={m}", f"int8 M={m}") for m in batches}
+print(bench.table(sweep_result))
 for m in batches:
     fp32_s = sweep_result["results"][f"fp32 M={m}"]["median_s"]
     print(f"M = {m:>2}: fp32 {fp32_s * 1e3:7.3f} ms ({SIZE * SIZE * 4 / fp32_s / 1e9 / BANDWIDTH:4.0%} of the "
-          f"read bandwidth), {fp32_s / m * 1e3:6.3f} ms per row · int8 {speedup[m]:.2f}x fp32's speed")
+          f"read bandwidth), {fp32_s / m * 1e3:6.3f} ms per row · int8 {speedup[m]:.2f}x fp32's speed"
+          + ("" if apart[m] else f" (spreads overlap: {NOISY})"))
 
 # %%
 fp32_share = SIZE * SIZE * 4 / sweep_result["results"]["fp32 M=1"]["median_s"] / 1e9 / BANDWIDTH
-if speedup[1] >= 3:
+if not apart[1]:
+    verdict = f"fp32's and int8's min-max spreads overlapped, so that ratio is {NOISY}"
+elif speedup[1] >= 3:
     verdict = "close to the byte ratio: at M = 1 the int8 kernel kept up with memory"
 elif speedup[1] >= 1:
     verdict = ("faster, but short of the byte ratio: besides reading a quarter of the bytes, the kernel converts "
                "every int8 weight to float and scales it, and that work, not the read, set part of the time")
 else:
-    verdict = ("slower: here the int8 kernel's conversion work, or other work on this machine (see the spread "
-               "column of the tables below), cost more than the bytes it saved; run the cell again to compare")
+    verdict = ("slower, with the spreads apart: here the int8 kernel's conversion work cost more than the bytes "
+               "it saved")
 reveal(speed_guess, speedup[1],
        why=f"int8 ran at {speedup[1]:.2f}x fp32's speed: {verdict}. fp32 read its weight at {fp32_share:.0%} of the "
-           "measured bandwidth" + (" (above 100%: a weight this small came from the cache, as in quick mode)"
-                                    if fp32_share > 1 else "") + ". The weight is read once for all M rows, so "
-           f"the time per row falls as M grows; at M = {batches[-1]} int8 ran at {speedup[batches[-1]]:.2f}x fp32's "
-           "speed: with many rows the arithmetic sets the time, not the read.");
+           "measured bandwidth" + (" (above 100%: a weight this small came from the cache, as in quick mode, or the "
+                                    "bandwidth was measured under other load: rerun)" if fp32_share > 1 else "")
+           + ". The weight is read once for all M rows, so the time per row falls as M grows; at M = "
+           f"{batches[-1]} int8 ran at {speedup[batches[-1]]:.2f}x fp32's speed"
+           + (": with many rows the arithmetic sets the time, not the read." if apart[batches[-1]] else
+              f", but there too the spreads overlapped: {NOISY}."));
 
 # %% [markdown]
 # ## 2 · int8 weight-only, per channel
@@ -168,19 +182,25 @@ trap = {"fp32 F.linear": cycled(lambda i: F.linear(x1, weights[i])),
         "int8, bf16 activations": cycled(lambda i: paths["int8pack_bf16"][i](x1)),
         "int8, fp32 activations": cycled(lambda i: paths["int8pack_fp32"][i](x1))}
 with torch.no_grad():
-    trap_result = bench.compare(trap, baseline="fp32 F.linear", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu")
+    trap_result = bench.compare(trap, baseline="fp32 F.linear", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu",
+                                threads=TIMING_THREADS)
 print(bench.table(trap_result))
 fp32_act = trap_result["results"]["int8, fp32 activations"]["ratio_to_baseline"]
 
 # %%
 bf16_act = trap_result["results"]["int8, bf16 activations"]["ratio_to_baseline"]
-reveal(trap_guess, "faster" if fp32_act > 1.15 else "slower" if fp32_act < 0.87 else "about as fast",
-       why=f"fed fp32, the int8 kernel ran at {fp32_act:.2f}x fp32 F.linear's speed; fed bf16, at {bf16_act:.2f}x. "
+trap_apart = bench.separated(trap_result, "int8, fp32 activations", "fp32 F.linear")
+trap_seen = ("about as fast" if not trap_apart else       # overlapping spreads: this run cannot tell them apart
+             "faster" if fp32_act > 1.15 else "slower" if fp32_act < 0.87 else "about as fast")
+reveal(trap_guess, trap_seen,
+       why=("" if trap_apart else f"the two spreads overlapped, so this run counts them as about as fast: {NOISY}. ")
+           + f"Fed fp32, the int8 kernel ran at {fp32_act:.2f}x fp32 F.linear's speed; fed bf16, at {bf16_act:.2f}x. "
            "The CPU kernel (aten/src/ATen/native/cpu/int8mm_kernel.cpp) is compiled per ISA; on x86 (this CPU: "
            f"{cpu_capability()}) its vectorized loop is written for bf16 activations, and "
-           + ("this run shows the trap: fp32 activations took the slower path. " if fp32_act < bf16_act else
-              "yet here the fp32 path was not the slower one (a busy machine distorts single runs: read the spread "
-              "column, and run the cell again). ")
+           + ("this run shows the trap: fp32 activations took the slower path. "
+              if bench.separated(trap_result, "int8, fp32 activations", "int8, bf16 activations") and fp32_act < bf16_act
+              else "yet here the fp32 path was not measurably the slower one (read the spread column, and run the cell "
+              "again). ")
            + "The aarch64 build vectorizes fp32, fp16 and bf16 alike, so on Graviton or Apple silicon the trap may "
            "not exist: measure, as the deep dive's quant.choose_fastest_path does.");
 
@@ -215,7 +235,8 @@ print("int4 tensors:", {name: (t.dtype, tuple(t.shape)) for name, t in layer4.na
 trap["int4, bf16 activations"] = cycled(lambda i: int4_layers[i](x1))
 with torch.no_grad():
     int4_result = bench.compare({k: trap[k] for k in ("fp32 F.linear", "int8, bf16 activations", "int4, bf16 activations")},
-                                baseline="fp32 F.linear", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu")
+                                baseline="fp32 F.linear", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu",
+                                threads=TIMING_THREADS)
 print(bench.table(int4_result))
 
 # %% tags=["nbval-check-output"]
@@ -235,14 +256,19 @@ print("int4 round trip within about half a step of its group; the kernel matches
 # %%
 measured_bytes = (per_weight["int8 per channel"], per_weight["int4 codes alone"], per_weight["int4 with scales and zeros"])
 closest = min(BYTES_OPTIONS, key=lambda o: sum(abs(float(a) - b) for a, b in zip(o.split(" / "), measured_bytes)))
+speed_of = {k: f"{int4_result['results'][k]['ratio_to_baseline']:.2f}x fp32's speed"
+               + ("" if bench.separated(int4_result, k, "fp32 F.linear") else " (spreads overlap fp32's)")
+            for k in ("int4, bf16 activations", "int8, bf16 activations")}
+int4_noisy = "(spreads overlap" in speed_of["int4, bf16 activations"] + speed_of["int8, bf16 activations"]
 reveal(bytes_guess, closest,
        why=f"measured {measured_bytes[0]:.4f} / {measured_bytes[1]:.4f} / {measured_bytes[2]:.4f}. int8 per channel "
            f"adds one 4-byte scale per row of {SIZE} weights: negligible. int4 per group adds a 2-byte scale and a "
-           f"2-byte zero per {GROUP} weights, 4 / {GROUP} of a byte each: a quarter more than the codes. At M = 1 "
-           f"int4 ran at {int4_result['results']['int4, bf16 activations']['ratio_to_baseline']:.2f}x fp32's speed "
-           f"here, int8 at {int4_result['results']['int8, bf16 activations']['ratio_to_baseline']:.2f}x: where a kernel "
-           "keeps up with memory, fewer bytes mean less time; where a ratio falls short of the byte ratio, the "
-           "kernel's unpacking and scaling (or a busy machine) set the time.");
+           f"2-byte zero per {GROUP} weights, 2 / {GROUP} of a byte each, 4 / {GROUP} together: a quarter more than "
+           f"the codes. At M = 1 int4 ran at {speed_of['int4, bf16 activations']} here, int8 at "
+           f"{speed_of['int8, bf16 activations']}"
+           + (f": where spreads overlap, the ratio is {NOISY}." if int4_noisy else
+              ": where a kernel keeps up with memory, fewer bytes mean less time; where a ratio falls short of the "
+              "byte ratio, the kernel's unpacking and scaling set the time."));
 
 
 # %% [markdown]
@@ -405,7 +431,11 @@ rows = {"fp32": ("fp32 F.linear", 4.0, "fp32"),
 print(f"{'format':<36}{'bytes/weight':>13}{'M=1 speed vs fp32':>19}{'digits accuracy':>17}")
 for name, (timing, b, task) in rows.items():
     acc = f"{digits[task]['accuracy']:.4f}" if task in digits else "skipped"
-    print(f"{name:<36}{b:>13.3f}{timed[timing]['ratio_to_baseline']:>18.2f}x{acc:>17}")
+    reliable = timing == "fp32 F.linear" or bench.separated(int4_result, timing, "fp32 F.linear")
+    speed = f"{timed[timing]['ratio_to_baseline']:.2f}x" if reliable else "too noisy*"
+    print(f"{name:<36}{b:>13.3f}{speed:>19}{acc:>17}")
+if int4_noisy:
+    print(f"* its min-max spread overlaps fp32's: {NOISY}")
 
 # %% [markdown]
 # On a GPU the thesis is the same and the bandwidth is larger (e.g. 4.8 TB/s on an H200,

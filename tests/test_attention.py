@@ -234,6 +234,17 @@ def test_training_step_timing_has_every_backend_and_length():
     assert all(v > 0 for row in r["GFLOP_per_s"].values() for v in row.values())
 
 
+def test_backend_timing_keeps_the_spread_and_runs_at_the_threads_asked():
+    before = torch.get_num_threads()
+    r = attention.time_backends([16, 32], heads=1, head_dim=8, repeats=2, min_run_time=0.001, threads=1)
+    assert torch.get_num_threads() == before and r["threads"] == 1
+    for n in (16, 32):
+        for b in ("MATH", "FLASH_ATTENTION"):
+            assert 0 < r["min_s"][n][b] <= r["median_s"][n][b] <= r["max_s"][n][b]
+        lo, hi = r["min_s"][n], r["max_s"][n]
+        assert r["separated"][n] == (hi["MATH"] < lo["FLASH_ATTENTION"] or hi["FLASH_ATTENTION"] < lo["MATH"])
+
+
 def test_cpu_peak_bytes_sees_an_allocation_and_math_holds_the_scores():
     assert attention.cpu_peak_bytes(lambda: torch.empty(1 << 20, dtype=torch.uint8)) >= 1 << 20
     memory = attention.cpu_peak_memory_per_backend([256], heads=2, head_dim=16)
