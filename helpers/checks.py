@@ -4,7 +4,8 @@
 
 A failure raises CheckFailed (an AssertionError) whose message names the exercise, what was wrong
 (type, shape, dtype, values, speed) and what to look at. The grader catches CheckFailed per exercise.
-Each pass and each CheckFailed goes to the learner's progress (helpers.progress) in their own kernel.
+Each pass and each CheckFailed is emitted as a "check" event (helpers.events), which the learner's progress
+(helpers.progress) keeps in their own kernel.
 """
 from __future__ import annotations
 
@@ -12,23 +13,23 @@ from typing import Callable
 
 import torch
 
-from helpers import progress
+from helpers import events
 
 STUB_TEXT = ": your code here"   # the end of what a lab's stub raises (helpers.notebooks writes them): the checks
                                  # and the grader know an untouched stub by it
 
 
 class CheckFailed(AssertionError):
-    """A lab check failed; the message ("❌ what: problem", then the hint) is the hint for the learner. It
-    is recorded where it is made: the lab checks raise it for every kind of failing case."""
+    """A lab check failed; the message ("❌ what: problem", then the hint) is the hint for the learner. Its
+    event is emitted where it is made: the lab checks raise it for every kind of failing case."""
 
     def __init__(self, message: str):
         super().__init__(message)
-        progress.record("check", what=str(message).partition("\n")[0].removeprefix("❌ "), passed=False)
+        events.emit("check", what=str(message).partition("\n")[0].removeprefix("❌ "), passed=False)
 
 
 def passed(what: str, detail: str = "") -> None:
-    progress.record("check", what=what, passed=True)
+    events.emit("check", what=what, passed=True)
     print(f"✅ {what}: passed" + (f" ({detail})" if detail else ""))
 
 

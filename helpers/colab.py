@@ -7,7 +7,8 @@ helpers.colab setup` there, which installs this package without letting pip reso
 torchdata at the versions MATCHED to the torch it finds, and moves into the notebook's own folder of the
 clone. `helpers.device` then says which sections skip, and why.
 
-Standard library only, and no torch import: this runs from a fresh clone before anything is installed.
+Standard library only at import (and helpers.env, which imports nothing), no torch: this runs from a fresh
+clone before anything is installed.
 """
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlparse
 
+from helpers.env import NOTEBOOK_ENV
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "pytorch-210-labs"
-CELL_TAG = "colab-setup"
 SOURCE_ENV, FOLDER_ENV = "LABS_COLAB_SOURCE", "LABS_COLAB_DIR"   # overrides, for the CI check of the cell
-NOTEBOOK_ENV = "LABS_NOTEBOOK"    # the notebook's repository path, for helpers.progress: Colab names none
 TARGET_TORCH = (2, 10)
 
 # package -> {torch minor version: the version installed beside it}. Each package has rows of its own, so a
@@ -81,16 +82,18 @@ def cell_source(url: str, path: str) -> str:
 
 
 def with_cell(nb, source: str):
-    """The notebook with `source` as its first code cell, tagged CELL_TAG: the tagged cell rewritten, or a
+    """The notebook with `source` as its first code cell, tagged COLAB_TAG: the tagged cell rewritten, or a
     new one put before the first code cell (after the markdown card). Returns whether anything changed."""
     import nbformat
+
+    from helpers.notebooks import COLAB_TAG
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     first = nb.cells[code[0]] if code else None
-    if first is not None and CELL_TAG in first.get("metadata", {}).get("tags", []):
+    if first is not None and COLAB_TAG in first.get("metadata", {}).get("tags", []):
         changed = first.source != source
         first.source = source
         return changed
-    cell = nbformat.v4.new_code_cell(source, metadata={"tags": [CELL_TAG]})
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": [COLAB_TAG]})
     nb.cells.insert(code[0] if code else len(nb.cells), cell)
     return True
 

@@ -9,8 +9,8 @@ Lessons, labs, tests and the doctor ask this module; nothing else inspects hardw
 
 Every `requires` call is recorded (run or skipped, with the reason); when the environment variable
 LABS_SECTION_LOG names a file, each record is appended to it as one JSON line, which is how the batch
-runner learns which sections of a notebook ran; in a learner's kernel it also goes to their progress
-(helpers.progress).
+runner learns which sections of a notebook ran; each is also emitted as a "section" event (helpers.events),
+which the learner's progress (helpers.progress) keeps in their kernel.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from helpers import progress
+from helpers import events
 
 SECTION_LOG_ENV = "LABS_SECTION_LOG"
 OTHER_PYTHON_ENV = "LABS_OTHER_PYTHON"   # the other build's Python (GIL <-> free-threaded), for side-by-side runs
@@ -492,7 +492,7 @@ def requires(*needs: str, section: str, caps: Capabilities | None = None) -> boo
     reason = skip_reason(needs, caps)
     record = {"section": section, "needs": list(needs), "ran": reason is None, "reason": reason}
     SECTIONS.append(record)
-    progress.record("section", **record)
+    events.emit("section", **record)
     log = os.environ.get(SECTION_LOG_ENV)
     if log:
         with open(log, "a") as f:

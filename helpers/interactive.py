@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from helpers import progress
-
-HEADLESS_ENV = "LABS_HEADLESS"
+from helpers import events
+from helpers.env import HEADLESS_ENV
 
 
 def headless() -> bool:
@@ -109,12 +108,12 @@ def prediction_held(answer, measured, tolerance: float) -> bool:
 
 def reveal(prediction: Prediction, measured, *, why: str, tolerance: float = 2.0) -> bool | None:
     """After the measurement: the answer against what was measured on this machine, and why it came out
-    so (`why` is written from the measured values). Returns whether the prediction held (None: no answer);
-    the learner's progress (helpers.progress) keeps it."""
+    so (`why` is written from the measured values). Returns whether the prediction held (None: no answer),
+    which is emitted as a "prediction" event (helpers.events) for the learner's progress (helpers.progress)."""
     answer = prediction.answer()
     # bool(): numpy scalars compare to a numpy.bool_, which the progress file cannot hold
     held = None if answer is None else bool(prediction_held(answer, measured, tolerance))
-    progress.record("prediction", question=prediction.question, held=held)
+    events.emit("prediction", question=prediction.question, held=held)
     shown = f"{measured:.3g}" if isinstance(measured, float) else str(measured)
     unit = f" {prediction.unit}" if prediction.unit and prediction.options is None else ""
     print(f"Question: {prediction.question}")

@@ -1,10 +1,11 @@
-"""The list of lessons and labs (helpers/manifest.json), read by the README table, the doctor and
-the batch runner.
+"""The list of lessons and labs (helpers/manifest.json), read by the README table, the doctor, the batch
+runner and the learner's progress summary.
 
 Each entry: id, kind ("lesson" or "lab"), path, title, learn (one line), minutes (a learner's time),
 quick_seconds (measured quick-mode run time on a 2-core CPU), sections (the hardware sections, each
 {"name", "needs"}: the `requires(..., section=name)` calls in the notebook). Every notebook runs on a
-CPU-only machine; sections are what may be skipped.
+CPU-only machine; sections are what may be skipped. A lab also lists its exercises: their titles as the
+grader names them ("Exercise 1: softmax"; tests/test_progress.py holds them to helpers/grading/specs.py).
 
 Optional: "format": "course" marks a notebook in the course format (a core lesson with prediction prompts
 and a "your turn", or its deep dive; tests/test_course_format.py); "deep_dive_of": the id of the core
@@ -32,6 +33,9 @@ def entries() -> list[dict]:
             raise ValueError(f"manifest entry {item['id']!r}: kind must be 'lesson' or 'lab'")
         for section in item["sections"]:
             check_needs(section["needs"])
+        exercises = item.get("exercises")
+        if item["kind"] == "lab" and not (exercises and all(str(t).startswith("Exercise ") for t in exercises)):
+            raise ValueError(f"manifest entry {item['id']!r}: a lab lists its exercises ('Exercise 1: ...')")
     lessons = {item["id"] for item in items if item["kind"] == "lesson"}
     for item in items:
         if "deep_dive_of" in item and item["deep_dive_of"] not in lessons - {item["id"]}:

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import nbformat
 
-from helpers.colab import CELL_TAG as COLAB_TAG
+from helpers.env import HEADLESS_ENV
 from helpers.files import write_text_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 NBVAL_TAG = "nbval-check-output"
+COLAB_TAG = "colab-setup"      # the Colab set-up cell (helpers.colab writes it)
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CARD_HEADINGS = ("What you will learn", "Hardware", "Verified with torch")
 
@@ -279,7 +280,6 @@ def write_verified(path: Path, matrix: dict, date: str) -> bool:
 def fix(path: Path, timeout: int = 600) -> list[str]:
     """Execute a notebook in quick mode and rewrite it under the outputs policy; returns problems left."""
     import papermill
-    from helpers.interactive import HEADLESS_ENV
     os.environ[HEADLESS_ENV] = "1"      # the kernel inherits it: widgets cannot stall the run
     nb = normalize(read(path))
     write(nb, path)

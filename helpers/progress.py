@@ -4,7 +4,9 @@
 
 A notebook's kernel appends one JSON line per event to a file of this machine's user (nothing leaves
 the machine): each gated section's decision (`helpers.device.requires`), each check that passed or failed
-(`helpers.checks`), each prediction revealed (`helpers.interactive.reveal`), and the notebook's start
+(`helpers.checks`) and each prediction revealed (`helpers.interactive.reveal`), which those modules emit
+(helpers.events) to this one, subscribed from the first `import helpers` on (helpers/__init__.py imports it;
+it imports nothing heavy until it records or summarises), and the notebook's start
 and finish (its first cell run once helpers are imported, its last code cell run without an error, or
 `show_progress()`, which ends lesson 00). Each event names its notebook as Jupyter tells the kernel
 (`__session__` in JupyterLab and Notebook, absolute or relative to the server root; `__vsc_ipynb_file__` in
@@ -27,10 +29,11 @@ import sys
 import time
 from pathlib import Path
 
+from helpers.env import HEADLESS_ENV, NOTEBOOK_ENV
+from helpers.events import subscribe
+
 PROGRESS_ENV = "LABS_PROGRESS"            # "off": record nothing
 PROGRESS_DIR_ENV = "LABS_PROGRESS_DIR"    # the folder of progress.jsonl, instead of the state folder
-HEADLESS_ENV = "LABS_HEADLESS"            # the same name as helpers.interactive.HEADLESS_ENV (which imports this)
-NOTEBOOK_ENV = "LABS_NOTEBOOK"            # the notebook's repository path, set by the Colab set-up cell
 REPO = Path(__file__).resolve().parent.parent
 UNKNOWN_NOTEBOOK = "unknown notebook"
 EXERCISE = re.compile(r"^Exercise (\d+)\b")
@@ -79,7 +82,7 @@ def record(event: str, **fields) -> None:
     notebook = current_notebook()
     if notebook is None:
         return
-    from helpers.device import torch_version
+    from helpers.device import torch_version   # torch: not imported by `import helpers`
     try:
         line = json.dumps({"event": event, "notebook": notebook, "torch": torch_version(),
                            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields})
@@ -147,6 +150,7 @@ def _watch_this_kernel() -> None:
         watch(shell)
 
 
+subscribe(record)
 _watch_this_kernel()
 
 
@@ -276,16 +280,16 @@ def summary_text(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def lab_exercises() -> dict[str, list[str]]:
-    """Each lab's exercise titles, from the grading specs."""
-    from helpers.grading.specs import SPECS
-    return {lab: [exercise.title for exercise in spec.exercises] for lab, spec in SPECS.items()}
+def lab_exercises(entries: list[dict]) -> dict[str, list[str]]:
+    """Each lab's exercise titles, from the manifest's entries."""
+    return {entry["id"]: entry["exercises"] for entry in entries if entry["kind"] == "lab"}
 
 
 def this_machine() -> dict:
     """The summary of this machine's progress file."""
-    from helpers.manifest import entries
-    return summarize(read_events(), entries(), lab_exercises())
+    from helpers.manifest import entries   # the manifest checks its entries with helpers.device, which imports torch
+    items = entries()
+    return summarize(read_events(), items, lab_exercises(items))
 
 
 def show_progress() -> None:

@@ -69,7 +69,7 @@ def test_every_notebook_starts_with_the_colab_cell_for_the_path_a_learner_opens(
     opened = repository_path(notebooks.student_path(path) if path.parent.name == "solutions" else path)
     assert first.source == colab.cell_source(colab.repository_url(), opened), \
         "run: python -m helpers notebooks colab-cell"
-    assert colab.CELL_TAG in first.metadata.get("tags", [])
+    assert notebooks.COLAB_TAG in first.metadata.get("tags", [])
     assert nb.cells.index(first) == 1 and nb.cells[0].cell_type == "markdown", "after the card"
     assert "parameters" in nb.cells[2].metadata.get("tags", []), "before the parameters cell"
 

@@ -295,3 +295,19 @@ def test_a_batch_run_records_nothing(tmp_path, monkeypatch):
                              progress=False)
     assert summary["passed"] == 1, summary["notebooks"][0]["detail"]
     assert not (tmp_path / "state").exists()
+
+
+def test_the_manifest_names_each_lab_s_exercises_as_the_grader_does():
+    """The summary's exercise titles come from the manifest (the progress log never imports the grader)."""
+    from helpers.grading.specs import SPECS
+    from helpers.manifest import entries
+    labs = {entry["id"]: entry["exercises"] for entry in entries() if entry["kind"] == "lab"}
+    assert labs == {lab: [exercise.title for exercise in spec.exercises] for lab, spec in SPECS.items()}
+
+
+def test_import_helpers_subscribes_the_log_without_torch():
+    """Whichever module a notebook imports first, `import helpers` subscribes the log; it stays light (the
+    Colab cell runs `python -m helpers.colab setup` before torch's companions are installed)."""
+    program = ("import sys, helpers, helpers.events as e, helpers.progress as p\n"
+               "assert p.record in e._listeners and 'torch' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", program], cwd=REPO, check=True)

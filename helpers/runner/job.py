@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from helpers.interactive import HEADLESS_ENV
+from helpers.env import HEADLESS_ENV
 from helpers.processes import kill, memory_mb, process_tree
 from helpers.progress import PROGRESS_ENV
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from helpers.bench import FIGURES_LOG_ENV
 from helpers.device import SECTION_LOG_ENV, capabilities
+from helpers.env import HEADLESS_ENV
 from helpers.files import write_text_atomic
-from helpers.interactive import HEADLESS_ENV
 from helpers.manifest import REPO, entries
 from helpers.progress import PROGRESS_ENV
 

@@ -1,0 +1,7 @@
+"""The environment variables that say how this process runs, shared by the layers that set them (the batch
+runner, the grader, `notebooks fix`, the Colab set-up cell) and those that read them (helpers.interactive,
+helpers.progress). Nothing else: this module imports nothing, so any module may read it.
+"""
+
+HEADLESS_ENV = "LABS_HEADLESS"   # "1": a batch run (runner, test suite, `notebooks fix`, grader): no widgets, no progress
+NOTEBOOK_ENV = "LABS_NOTEBOOK"   # the notebook's repository path, set by the Colab set-up cell: Colab names none
