@@ -748,7 +748,7 @@ print("variants built:", *variants, sep="\n  ")
 # ### Your turn: pick the format to ship
 #
 # This MLP must ship in **at most 1.1 bytes per weight** (everything the two linears hold: codes, scales,
-# zero points, biases) with outputs within **1% relative error** of fp32 on the probe inputs. Before the
+# zero points, biases) with outputs within a relative error of **0.01** of fp32 on the probe inputs. Before the
 # table below measures them all, set `PICK` to the variant you would ship: weigh what each one stores per
 # weight, and which operands it rounds (weights only, or activations too) and to how many levels.
 

@@ -354,8 +354,8 @@ if requires("torch_cuda", section="Nested memory pools"):
 #   memory capacity usage exceeds the threshold", F of "the total memory allocated to the GPU application";
 # - `expandable_segments:True` makes a segment a virtual address range that can grow by mapping more pages.
 #
-# The workload below asks, at each of 8 steps, for 8 blocks 2 MiB larger than the last step's (12 MiB up
-# to 26 MiB) and frees them after the step.
+# The workload below (`memory.fragmentation_workload`, the pattern of the allocator notes, notes/cuda.rst)
+# asks, at each of 8 steps, for 8 blocks a little larger than the last step's, and frees them after the step.
 
 # %% tags=["predict"]
 SETTINGS = ["expandable_segments:True", "max_split_size_mb:64", "garbage_collection_threshold:0.8", "none of these"]

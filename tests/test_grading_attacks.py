@@ -15,7 +15,7 @@ from nbformat.v4 import new_code_cell
 
 import helpers
 from helpers.grading import isolation
-from helpers.grading.grade import grade_submissions
+from helpers.grading.grade import grade_submissions, student_name
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTION = nbformat.read(str(REPO / "labs" / "solutions" / "00_warmup_lab.ipynb"), as_version=4)
@@ -303,7 +303,7 @@ def test_honest_classmates_keep_full_marks(graded):
 
 def test_every_attack_gets_nothing(graded):
     for name in graded["attacks"]:
-        row = graded["rows"][name]
+        row = graded["rows"][student_name(name)]      # names are made safe before use
         assert row["total"] == 0.0, (name, row["lines"])
 
 
@@ -336,8 +336,8 @@ def test_text_from_a_submission_is_inert_in_scores_and_feedback(graded):
     import csv
     rows = list(csv.reader(open(graded["out"] / "scores.csv")))
     assert all(not cell.startswith(("=", "+", "-", "@")) for row in rows for cell in row)
-    assert any(row[0] == "'=HYPERLINK(1)" for row in rows)
-    text = (graded["out"] / "feedback" / "=HYPERLINK(1).md").read_text()
+    assert any(row[0] == student_name("=HYPERLINK(1)") == "_HYPERLINK_1_" for row in rows)
+    text = (graded["out"] / "feedback" / "_HYPERLINK_1_.md").read_text()
     assert not any(line.startswith(("✅", "## Score", "=")) for line in text.splitlines()), text
 
 

@@ -60,6 +60,12 @@ def _limit(cpu_seconds: float) -> None:
     signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
 
 
+def _from_the_notebook(frame) -> bool:
+    """Whether code runs from the notebook (a cell, or a string it ran), not from a library's file."""
+    filename = frame.f_code.co_filename
+    return not os.path.isfile(filename) or "ipykernel" in filename
+
+
 def install_guard(protected: list[str], flags: list[str], allow_processes: bool = False,
                   native_library_roots: list[str] = ()) -> None:
     """The audit hook: refuse protected paths, new processes and native code; note each refusal in
@@ -87,8 +93,9 @@ def install_guard(protected: list[str], flags: list[str], allow_processes: bool 
     from helpers.grading.scan import RUNTIME_INTERNALS, internals_in_source
 
     def hook(event, args):
-        if event == "compile" and args and isinstance(args[0], (str, bytes)) and str(args[1]) == "<string>":
-            # code built at run time (exec of a decoded string): read as the grader reads the notebook
+        if event == "compile" and args and isinstance(args[0], (str, bytes)) and str(args[1]) == "<string>" \
+                and _from_the_notebook(sys._getframe(1)):
+            # code the notebook built at run time (exec of a decoded string): read as the grader reads the notebook
             for found in internals_in_source(os.fsdecode(args[0]) if isinstance(args[0], bytes) else args[0]):
                 flags.append(f"{RUNTIME_INTERNALS} {found}")
         # sys._getframe(k) straight to the frame that holds the job and the pipe
