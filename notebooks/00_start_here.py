@@ -115,16 +115,16 @@ measured = ("about the same" if max(small, large) / min(small, large) < 1.25
             else "at 2^4 floats per tensor" if small > large else f"at 2^{TOP} floats per tensor")
 reveal(size_guess, measured, why=f"{small:.1f}x at 2^4 against {large:.1f}x at 2^{TOP}. A call costs {per_call_us:.1f} "
        f"us here, and memory streams at {bandwidth_gbs:.0f} GB/s: one tensor's traffic equals one call's cost near "
-       f"2^{even_log2:.1f} floats (there the loop is still about 2x slower). Below that the calls are the whole time; "
-       "above it the traffic is." + (" Far below 1x is other load here: run the cell again." if large < 0.8 else ""))
+       f"2^{even_log2:.1f} floats. Below that the calls are most of the time; above it the traffic is, and both "
+       "ways add the same numbers." + (" Far below 1x is other load here: run the cell again." if large < 0.8 else ""))
 
 # %% [markdown]
 # ## Your turn: where does the overhead stop mattering?
 
 # %% tags=["your-turn"]
-# At which smallest size n of the sweep is _foreach_add_ less than 1.2 times faster than the loop? (1.2x
-# needs a tensor's traffic about five times a call's cost.) Set log2_size and run the check, which reads the
-# same sweep; the slider (in JupyterLab) re-measures one size live.
+# At which smallest size n of the sweep is _foreach_add_ less than 1.2 times faster than the loop? (Look
+# above the size where the model puts traffic and call cost level.) Set log2_size and run the check, which
+# reads the same sweep; the slider (in JupyterLab) re-measures one size live.
 import ipywidgets as widgets
 
 from helpers.interactive import interact
