@@ -67,17 +67,23 @@ def test_core_lesson_fits_its_limit(item):
     assert notebooks.estimated_minutes(_nb(item)) <= limit
 
 
-@pytest.mark.parametrize("item", CORES, ids=lambda i: i["id"])
-def test_core_lesson_asks_predictions_and_reveals_each(item):
-    nb = _nb(item)
-    prompts = _tagged(nb, PREDICT_TAG)
-    assert len(prompts) >= 3, f"{len(prompts)} prediction prompts (cells tagged {PREDICT_TAG!r}), at least 3"
+def _assert_each_prediction_is_revealed(nb, prompts):
+    """Each prompt assigns predict(...) to a name, and a later code cell reveals that name."""
     for i in prompts:
         found = re.search(r"^(\w+)\s*=\s*predict\(", nb.cells[i].source, re.M)
         assert found, f"cell {i}: a prediction prompt assigns predict(...) to a name"
         later = "\n".join(c.source for c in nb.cells[i + 1:] if c.cell_type == "code")
         assert re.search(rf"\breveal\(\s*{found.group(1)}\b", later), \
             f"cell {i}: no later cell reveals {found.group(1)} against the measurement"
+
+
+@pytest.mark.parametrize("item", CORES, ids=lambda i: i["id"])
+def test_core_lesson_asks_predictions_and_reveals_each(item):
+    nb = _nb(item)
+    prompts = _tagged(nb, PREDICT_TAG)
+    assert len(prompts) >= 3, f"{len(prompts)} prediction prompts (cells tagged {PREDICT_TAG!r}), at least 3"
+    _assert_each_prediction_is_revealed(nb, prompts)
+    for i in prompts:
         assert notebooks.NBVAL_TAG not in nb.cells[i].metadata.get("tags", []), "a prediction depends on the machine"
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     assert prompts[0] <= code[len(code) // 2], "the first prediction comes in the first half of the lesson"
@@ -101,11 +107,7 @@ def test_deep_dive_has_the_learner_predict_and_act(item):
     nb = _nb(item)
     prompts = _tagged(nb, PREDICT_TAG)
     assert len(prompts) >= 2, f"{len(prompts)} prediction prompts (cells tagged {PREDICT_TAG!r}), at least 2"
-    for i in prompts:
-        found = re.search(r"^(\w+)\s*=\s*predict\(", nb.cells[i].source, re.M)
-        assert found, f"cell {i}: a prediction prompt assigns predict(...) to a name"
-        later = "\n".join(c.source for c in nb.cells[i + 1:] if c.cell_type == "code")
-        assert re.search(rf"\breveal\(\s*{found.group(1)}\b", later), f"cell {i}: nothing reveals {found.group(1)}"
+    _assert_each_prediction_is_revealed(nb, prompts)
     turns = _tagged(nb, YOUR_TURN_TAG)
     assert turns, f"no cell tagged {YOUR_TURN_TAG!r}"
     assert any("your_turn(" in c.source for t in turns for c in nb.cells[t + 1:t + 3] if c.cell_type == "code"), \

@@ -60,10 +60,9 @@ def _limit(cpu_seconds: float) -> None:
     signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
 
 
-def _from_the_notebook(frame) -> bool:
-    """Whether code runs from the notebook (a cell, or a string it ran), not from a library's file."""
-    filename = frame.f_code.co_filename
-    return not os.path.isfile(filename) or "ipykernel" in filename
+def _from_the_notebook(code) -> bool:
+    """Whether a code object is the notebook's (a cell, or a string it ran), not a library file's."""
+    return not os.path.isfile(code.co_filename) or "ipykernel" in code.co_filename
 
 
 def install_guard(protected: list[str], flags: list[str], allow_processes: bool = False,
@@ -94,7 +93,7 @@ def install_guard(protected: list[str], flags: list[str], allow_processes: bool 
 
     def hook(event, args):
         if event == "compile" and args and isinstance(args[0], (str, bytes)) and str(args[1]) == "<string>" \
-                and _from_the_notebook(sys._getframe(1)):
+                and _from_the_notebook(sys._getframe(1).f_code):
             # code the notebook built at run time (exec of a decoded string): read as the grader reads the notebook
             for found in internals_in_source(os.fsdecode(args[0]) if isinstance(args[0], bytes) else args[0]):
                 flags.append(f"{RUNTIME_INTERNALS} {found}")
@@ -226,7 +225,7 @@ def _notebook_threads(baseline: set) -> list[str]:
         if t in baseline or target is futures_thread._worker:
             continue
         code = getattr(target, "__code__", None)
-        if code is None or not os.path.isfile(code.co_filename) or "ipykernel" in code.co_filename:
+        if code is None or _from_the_notebook(code):
             found.append(f"a thread the notebook started ({t.name}) was running during the call")
     return found
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from helpers.files import read_json_lines
 from helpers.env import HEADLESS_ENV
 from helpers.processes import kill, memory_mb, process_tree
 from helpers.progress import PROGRESS_ENV
@@ -201,10 +202,9 @@ def execute_job(job: dict) -> dict:
                 notebook_text = nbformat.writes(nb)
             if record["fault"]:
                 record["error"] = _error_cell(nb, result, job["source"])
-            if log.exists():
-                record["sections"] = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            record["sections"] = read_json_lines(log)
             if figures.exists():
-                record["figures"] = [json.loads(line) for line in figures.read_text().splitlines() if line.strip()]
+                record["figures"] = read_json_lines(figures)
     if record["fault"] and not record["error"]:
         record["error"] = {"ename": record["fault"], "evalue": record["detail"]}
     record["status"] = "passed" if record["fault"] is None else "failed"

@@ -23,7 +23,7 @@ from pathlib import Path
 from helpers.bench import FIGURES_LOG_ENV
 from helpers.device import SECTION_LOG_ENV, capabilities
 from helpers.env import HEADLESS_ENV
-from helpers.files import write_text_atomic
+from helpers.files import read_json_lines, write_text_atomic
 from helpers.manifest import REPO, entries
 from helpers.progress import PROGRESS_ENV
 
@@ -132,12 +132,10 @@ def run_twin(path: str, out_dir: Path, timeout_s: float) -> dict:
             code = None
     tail = (logs / f"{notebook.stem}.log").read_text(errors="replace").strip().splitlines()[-3:]
     fault = None if code == 0 else "time" if code is None else "script-error"
-    read = lambda log: [json.loads(line) for line in log.read_text().splitlines() if line.strip()] \
-        if log.exists() else []   # noqa: E731
     return {"path": path, "status": "passed" if fault is None else "failed", "fault": fault,
             "detail": "" if fault is None else f"ran past {timeout_s:.0f} s" if code is None else " / ".join(tail)[-400:],
             "error": None if fault is None else {"ename": fault, "evalue": " / ".join(tail)[-400:]},
-            "sections": read(sections), "figures": read(figures), "started": start, "finished": time.time(),
+            "sections": read_json_lines(sections), "figures": read_json_lines(figures), "started": start, "finished": time.time(),
             "seconds": round(time.time() - start, 2), "executed": None, "runner": "script"}
 
 
