@@ -39,9 +39,10 @@ browser:
 
 # The course website (helpers.runner.site, Sphinx with MyST-NB): every lesson, deep dive and lab page with its
 # outputs and, under each section header, where that section ran or was skipped and why, from the records of
-# SITE_RUNS (what `make run` writes, plus a `make gpu-check` record when there is one): runs/site/html.
+# SITE_RUNS (what `make run` writes, plus a `make gpu-check` record when there is one, and the GPU records kept in
+# helpers/recorded/): runs/site/html.
 # `make site-check` opens every page in Chromium with axe-core (from npm, into build/npm: `make axe`).
-SITE_RUNS ?= runs/latest $(wildcard runs/gpu-check/gpu-check-bundle.json)
+SITE_RUNS ?= runs/latest $(wildcard runs/gpu-check/gpu-check-bundle.json helpers/recorded/gpu-check-*.json)
 AXE_VERSION := 4.11.0
 site: setup
 	$(BIN)/python -m helpers site $(SITE_RUNS) --out runs/site

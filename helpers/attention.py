@@ -491,15 +491,20 @@ def cpu_peak_bytes(fn: Callable[[], object]) -> int:
     return max(e["Total Allocated"] for e in events) - held_before
 
 
-def cpu_peak_memory_per_backend(seq_lens: list[int], batch: int = 1, heads: int = 4, head_dim: int = 64,
-                                backends=("MATH", "FLASH_ATTENTION"), *, causal: bool = True,
-                                dtype=torch.float32) -> dict:
-    """Peak bytes of one causal forward per backend and sequence length on the CPU. score_matrix_bytes is one
-    fp32 score matrix: MATH keeps its scores in fp32 for fp16/bf16 inputs too (unless
+def forward_peak_memory(seq_lens: list[int], batch: int = 1, heads: int = 4, head_dim: int = 64,
+                        backends=("MATH", "FLASH_ATTENTION"), *, causal: bool = True, dtype=torch.float32,
+                        device: torch.device | str = "cpu") -> dict:
+    """Peak bytes of one causal forward per backend and sequence length, beyond its inputs: the profiler's
+    memory events on a CPU, the accelerator's peak statistics elsewhere. score_matrix_bytes is one fp32
+    score matrix: MATH keeps its scores in fp32 for fp16/bf16 inputs too (unless
     torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True))."""
+    device = torch.device(device)
     peaks = {}
     for n in seq_lens:
-        q, k, v = (torch.randn(batch, heads, n, head_dim).to(dtype) for _ in range(3))
+        q, k, v = (torch.randn(batch, heads, n, head_dim, device=device).to(dtype) for _ in range(3))
+        if device.type != "cpu":
+            peaks[n] = peak_memory_per_backend(q, backends, causal=causal)
+            continue
 
         def forward(b):
             def call():
@@ -508,7 +513,7 @@ def cpu_peak_memory_per_backend(seq_lens: list[int], batch: int = 1, heads: int 
             return call
         peaks[n] = {b: cpu_peak_bytes(forward(b)) for b in backends}
     return {"seq_lens": list(seq_lens), "backends": list(backends), "peak_bytes": peaks, "dtype": str(dtype),
-            "score_matrix_bytes": {n: batch * heads * n * n * 4 for n in seq_lens}}
+            "device": str(device), "score_matrix_bytes": {n: batch * heads * n * n * 4 for n in seq_lens}}
 
 
 # --- Grouped-query attention ------------------------------------------------------------------

@@ -106,9 +106,10 @@ def prediction_held(answer, measured, tolerance: float) -> bool:
     return 1 / tolerance <= ratio <= tolerance
 
 
-def reveal(prediction: Prediction, measured, *, why: str, tolerance: float = 2.0) -> bool | None:
-    """After the measurement: the answer against what was measured on this machine, and why it came out
-    so (`why` is written from the measured values). Returns whether the prediction held (None: no answer),
+def reveal(prediction: Prediction, measured, *, why: str, tolerance: float = 2.0, where: str = "here") -> bool | None:
+    """After the measurement: the answer against what was measured on this machine (or, where this machine
+    cannot measure it, on the one `where` names), and why it came out so (`why` is written from the measured
+    values). Returns whether the prediction held (None: no answer),
     which is emitted as a "prediction" event (helpers.events) for the learner's progress (helpers.progress)."""
     answer = prediction.answer()
     # bool(): numpy scalars compare to a numpy.bool_, which the progress file cannot hold
@@ -118,11 +119,11 @@ def reveal(prediction: Prediction, measured, *, why: str, tolerance: float = 2.0
     unit = f" {prediction.unit}" if prediction.unit and prediction.options is None else ""
     print(f"Question: {prediction.question}")
     if answer is None:
-        print(f"You did not answer. Measured here: {shown}{unit}.")
+        print(f"You did not answer. Measured {where}: {shown}{unit}.")
         print(f"Why: {why}")
         return None
     within = "" if prediction.options is not None or tolerance == 1 else f" (within a factor {tolerance:g})"
-    print(f"Your answer: {answer}{unit}. Measured here: {shown}{unit}. "
+    print(f"Your answer: {answer}{unit}. Measured {where}: {shown}{unit}. "
           + ("✅ Your prediction held" if held else "❌ Your prediction did not hold") + within + ".")
     print(f"Why: {why}")
     return held

@@ -24,19 +24,23 @@ from torch.profiler import ProfilerActivity, profile
 from helpers import bench
 
 
-def profile_steps(step: Callable[[], object], steps: int = 2) -> profile:
-    """Run `step` `steps` times under torch.profiler with memory profiling on (CPU activity).
+def profile_steps(step: Callable[[], object], steps: int = 2, device: torch.device | str = "cpu") -> profile:
+    """Run `step` `steps` times under torch.profiler with memory profiling on (CPU activity, and the GPU's
+    when `device` is an NVIDIA or AMD GPU, waited for before the profile ends).
 
     The memory timeline needs profile_memory, record_shapes and with_stack all on. The events are read
     right away: reading a with_stack=True profile can fail with UnicodeDecodeError, an open profiler bug
     (pytorch/pytorch#136040, #64345); then the steps are profiled once more."""
     if steps < 1:
         raise ValueError("steps must be >= 1")
+    on_gpu = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     for attempt in range(2):
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                     with_stack=True) as prof:
+        with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
             for _ in range(steps):
                 step()
+            if on_gpu:
+                torch.cuda.synchronize(device)
         try:
             prof.events()
             return prof
@@ -44,6 +48,27 @@ def profile_steps(step: Callable[[], object], steps: int = 2) -> profile:
             if attempt:
                 raise
     raise AssertionError("unreachable")
+
+
+def timeline_device(device: torch.device | str) -> str:
+    """The name export_memory_timeline takes for `device`: "cpu", or "cuda:N" with the index filled in."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return "cpu"
+    return f"{device.type}:{device.index if device.index is not None else torch.cuda.current_device()}"
+
+
+CUDA_BLOCK_BYTES = 512     # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize, every block a multiple of it
+
+
+def allocated_bytes(tensors, device: torch.device | str) -> int:
+    """What the memory timeline counts for these tensors on `device`: their bytes on a CPU; on a GPU each
+    rounded up to the caching allocator's 512-byte blocks, the size the profiler records (measured on an
+    H200 with torch 2.11: 512 for a 4-byte tensor, 4096 for a 4000-byte one)."""
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    if torch.device(device).type == "cpu":
+        return sum(sizes)
+    return sum(-(-n // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES for n in sizes)
 
 
 def _category_names() -> list[str]:
@@ -93,12 +118,13 @@ def timeline_figure(tl: dict, title: str = "Memory timeline by category"):
     return fig
 
 
-def top_allocations(prof: profile, n: int = 8) -> list[dict]:
-    """The ATen operators that allocated the most memory themselves (self CPU memory, positive part).
-    Python-frame events (recorded with with_stack=True) are left out: a frame's self memory is what no
-    operator under it allocated."""
-    rows = [{"op": e.key, "self_bytes": e.self_cpu_memory_usage, "calls": e.count}
-            for e in prof.key_averages() if e.self_cpu_memory_usage > 0 and e.key.startswith("aten::")]
+def top_allocations(prof: profile, n: int = 8, device: torch.device | str = "cpu") -> list[dict]:
+    """The ATen operators that allocated the most memory themselves on `device` (self CPU memory, or self
+    device memory on a GPU; positive part). Python-frame events (recorded with with_stack=True) are left
+    out: a frame's self memory is what no operator under it allocated."""
+    field = "self_cpu_memory_usage" if torch.device(device).type == "cpu" else "self_device_memory_usage"
+    rows = [{"op": e.key, "self_bytes": getattr(e, field), "calls": e.count}
+            for e in prof.key_averages() if getattr(e, field) > 0 and e.key.startswith("aten::")]
     return sorted(rows, key=lambda r: -r["self_bytes"])[:n]
 
 

@@ -14,7 +14,9 @@ The asymmetric functions use unsigned codes and a zero point: x is approximately
 from __future__ import annotations
 
 import functools
+import json
 import math
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -534,6 +536,55 @@ def fp8_matmul_reference(xq, sx, wq, sw, out_dtype: torch.dtype = torch.bfloat16
     """What _scaled_mm computes, written out: FP8 values times their scales, multiplied in fp32. For a
     torch whose kernel lacks a scaling mode (row-wise on CPU in 2.10) and for checking the kernel."""
     return ((xq.float() * sx) @ (wq.float() * sw).t()).to(out_dtype)
+
+
+FP8_SLOWER = "slower at every M here"
+RECORDED_FP8_CROSSOVER = Path(__file__).with_name("recorded") / "fp8_crossover_h200.json"
+
+
+def time_fp8_against_bf16(w: torch.Tensor, rows=(16, 128, 1024, 8192), rowwise: bool = True,
+                          repeats: int = 5, compiled: bool = True) -> dict:
+    """Time x @ w.T on w's GPU for each batch size M in `rows`: bf16 F.linear; FP8 _scaled_mm with the
+    activations quantized beforehand (the kernel alone); FP8 with them quantized on every call (what dynamic
+    FP8 inference does), eagerly and, with `compiled`, under torch.compile (which fuses to_fp8's passes over
+    the activations). Activations are bf16, as a model's are. Returns {M: {name: (median_s, min_s, max_s)}}."""
+    w_bf16 = w.bfloat16()
+    wq, sw = to_fp8(w, rowwise)
+
+    def per_call(a):
+        return fp8_matmul(*to_fp8(a, rowwise), wq, sw)
+    per_call_compiled = torch.compile(per_call, dynamic=False) if compiled else None
+    timed = {}
+    for m in rows:
+        a = torch.randn(m, w.shape[1], device=w.device).bfloat16()
+        aq, sa = to_fp8(a, rowwise)
+        candidates = {"bf16": lambda: F.linear(a, w_bf16),
+                      "fp8 kernel alone": lambda: fp8_matmul(aq, sa, wq, sw),
+                      "fp8 per call": lambda: per_call(a)}
+        if per_call_compiled is not None:
+            per_call_compiled(a)                      # compiled for this M before the timing
+            candidates["fp8 per call, compiled"] = lambda: per_call_compiled(a)
+        r = bench.compare(candidates, baseline="bf16", repeats=repeats, device=w.device)
+        timed[m] = {name: (res["median_s"], res["min_s"], res["max_s"]) for name, res in r["results"].items()}
+    return timed
+
+
+def fp8_crossover(rows: dict, candidate: str = "fp8 per call") -> str:
+    """The first batch size M at which `candidate` beat bf16 with the spreads apart (its slowest repeat
+    faster than bf16's fastest), from {M: {"bf16": (median_s, min_s, max_s), candidate: (...), ...}} in
+    increasing M; FP8_SLOWER when it never did."""
+    for m, times in rows.items():
+        if times[candidate][2] < times["bf16"][1]:
+            return str(m)
+    return FP8_SLOWER
+
+
+def recorded_fp8_crossover() -> dict:
+    """The FP8 vs bf16 timings recorded on an FP8 GPU (deep dive 05's section), with where and when: shown,
+    labelled, where no FP8 GPU is present. Rows keyed by M (int), each time a (median, min, max) tuple."""
+    record = json.loads(RECORDED_FP8_CROSSOVER.read_text())
+    record["rows"] = {int(m): {name: tuple(t) for name, t in times.items()} for m, times in record["rows"].items()}
+    return record
 
 
 # --- Lab check -------------------------------------------------------------------------------

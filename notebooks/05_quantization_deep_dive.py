@@ -574,42 +574,86 @@ print("row-wise stays accurate for every row; tensor-wise breaks down once rows 
 # %% [markdown]
 # A CPU has no FP8 arithmetic: there FP8 is for checking numerics. The speed is on GPUs with FP8 matrix units,
 # NVIDIA sm_89+ and AMD MI300+; 2.10 added tensor-wise and row-wise FP8 `scaled_mm` on Intel XPU (#165978,
-# #167518). On an FP8 GPU the next cell times a `SIZE x SIZE` weight at decode (M = 16) to prefill
-# (M = 4096), quantizing activations on every call, with the share of the measured read bandwidth; its
-# float64 reference runs on the CPU (Intel Arc has no fp64).
+# #167518). FP8 saves twice over against bf16: the weight is read in 1 byte per value instead of 2, and the
+# FP8 matrix units do about twice bf16's operations per cycle. What it costs, the way inference runs it, is
+# quantizing the activations on every call: `quant.to_fp8` takes the absolute maximum per row, divides,
+# clamps and casts, several small kernels that each read the activations, before the matmul starts.
+#
+# The next cell, on an FP8 GPU, times one `FP8_SIZE x FP8_SIZE` weight (8192: 128 MiB in bf16, enough that
+# reading it takes real time; a GPU has that time in quick mode too) at batch rows `M` from decode (16) to
+# prefill (8192): bf16 `F.linear`; FP8 with the activations quantized beforehand (the kernel alone); FP8
+# with them quantized per call, eagerly and under `torch.compile` (`quant.time_fp8_against_bf16`). Its
+# float64 reference runs on the CPU (Intel Arc has no fp64). Without an FP8 GPU it shows the figures
+# recorded on one, labelled as such.
+
+# %% tags=["predict"]
+FP8_SIZE, FP8_ROWS = 8192, (16, 128, 1024, 8192)
+crossover_guess = predict(f"A bf16 layer with an {FP8_SIZE} x {FP8_SIZE} weight, on an FP8 GPU. With the activations "
+                          "quantized to FP8 on every call, from which batch rows M on is FP8 faster than bf16?",
+                          options=[str(m) for m in FP8_ROWS] + [quant.FP8_SLOWER], example="16")
+
 
 # %%
+def print_fp8_rows(rows: dict) -> None:
+    for m, r in rows.items():
+        print(f"M = {m:>5}: " + " · ".join(f"{name} {t[0] * 1e6:8.1f} us ({t[1] * 1e6:.1f}-{t[2] * 1e6:.1f})"
+                                           for name, t in r.items())
+              + f" · FP8 per call / bf16 time {r['fp8 per call'][0] / r['bf16'][0]:.2f}")
+
+
 if requires("fp8", section="FP8 matmul on fast FP8 hardware"):
-    gpu_bw = bench.measure_limits(quick=True, device=DEVICE)["read_bandwidth_gbs"]
-    w_gpu = torch.randn(SIZE, SIZE, device=DEVICE) / SIZE**0.5
-    w_bf16 = w_gpu.bfloat16()
+    w_gpu = torch.randn(FP8_SIZE, FP8_SIZE, device=DEVICE) / FP8_SIZE**0.5
     for granularity in ("row-wise", "tensor-wise"):     # row-wise where this GPU's kernel takes it
         wq, sw = quant.to_fp8(w_gpu, rowwise=granularity == "row-wise")
         try:   # bf16 output: what CUDA's row-wise kernel requires
-            quant.fp8_matmul(*quant.to_fp8(torch.randn(16, SIZE, device=DEVICE), granularity == "row-wise"), wq, sw)
+            quant.fp8_matmul(*quant.to_fp8(torch.randn(16, FP8_SIZE, device=DEVICE), granularity == "row-wise"), wq, sw)
             break
         except RuntimeError as exc:
             print(f"{granularity} FP8 _scaled_mm is refused here: {str(exc).splitlines()[0][:160]}")
     rowwise_gpu = granularity == "row-wise"
-    print(f"FP8 format on {caps.device_name} ({caps.arch}): {wq.dtype}, {granularity} scales; "
-          f"measured read bandwidth {gpu_bw:.0f} GB/s")
-    for m in (16, 64, 4096):
-        a = torch.randn(m, SIZE, device=DEVICE)
-        a_bf16 = a.bfloat16()
-        r = bench.compare({"bf16 F.linear": lambda: F.linear(a_bf16, w_bf16),
-                           f"fp8 {granularity}, activations quantized per call":
-                               lambda: quant.fp8_matmul(*quant.to_fp8(a, rowwise_gpu), wq, sw)},
-                          repeats=5, device=DEVICE)
-        times = {name: res["median_s"] for name, res in r["results"].items()}
-        shares = {name: SIZE * SIZE * (2 if name.startswith("bf16") else 1) / t / 1e9 / gpu_bw for name, t in times.items()}
-        print(f"M = {m:>4}: " + " · ".join(f"{name} {t * 1e6:8.1f} us ({shares[name]:4.0%} of the read bandwidth "
-                                           "for the weight alone)" for name, t in times.items()))
-    fp8_out = quant.fp8_matmul(*quant.to_fp8(a, rowwise_gpu), wq, sw)
-    rows = slice(0, 256)                                 # the reference on the CPU, for 256 rows
-    exact = a[rows].cpu().double() @ w_gpu.cpu().double().t()
-    err = ((fp8_out[rows].cpu().double() - exact).norm() / exact.norm()).item()
+    print(f"FP8 on {caps.device_name} ({caps.arch}): {wq.dtype}, {granularity} scales; median (min-max) of 5 repeats")
+    fp8_rows = quant.time_fp8_against_bf16(w_gpu, FP8_ROWS, rowwise=rowwise_gpu)
+    print_fp8_rows(fp8_rows)
+    where, measured_on = f"measured here on {caps.device_name}", "here"
+    bench.save_json({"device": caps.device_name, "arch": caps.arch, "torch": torch.__version__, "size": FP8_SIZE,
+                     "granularity": granularity, "rows": fp8_rows}, "runs/05_fp8_crossover.json")
+    a_bf16 = torch.randn(256, FP8_SIZE, device=DEVICE).bfloat16()
+    fp8_out = quant.fp8_matmul(*quant.to_fp8(a_bf16, rowwise_gpu), wq, sw)
+    exact = a_bf16.cpu().double() @ w_gpu.cpu().double().t()           # the reference on the CPU
+    err = ((fp8_out.cpu().double() - exact).norm() / exact.norm()).item()
     print(f"relative error of FP8 vs float64 (computed on the CPU): {err:.4f}")
     assert err < 0.1, f"FP8 _scaled_mm is off by {err:.3f} relative to float64: scales or layout are wrong"
+else:
+    recorded = quant.recorded_fp8_crossover()
+    fp8_rows = recorded["rows"]
+    where = (f"not measured here: recorded on an {recorded['device']} ({recorded['arch']}), torch {recorded['torch']}, "
+             f"{recorded['recorded']}, {recorded['granularity']} scales")
+    measured_on = f"on the recorded {recorded['device']}"
+    print(f"FP8 {where}; median (min-max) of 5 repeats")
+    print_fp8_rows(fp8_rows)
+
+# %% tags=["reveal"]
+first, last = FP8_ROWS[0], FP8_ROWS[-1]
+kernel_vs_bf16 = {m: fp8_rows[m]["fp8 kernel alone"][0] / fp8_rows[m]["bf16"][0] for m in (first, last)}
+quant_share = {m: 1 - fp8_rows[m]["fp8 kernel alone"][0] / fp8_rows[m]["fp8 per call"][0] for m in (first, last)}
+compiled_vs_bf16 = fp8_rows[last]["fp8 per call, compiled"][0] / fp8_rows[last]["bf16"][0]
+
+
+def faster_from(candidate):
+    m = quant.fp8_crossover(fp8_rows, candidate)
+    return "never faster here" if m == quant.FP8_SLOWER else f"first faster from M = {m}"
+
+
+reveal(crossover_guess, quant.fp8_crossover(fp8_rows),
+       why=f"({where}) the FP8 kernel alone took {kernel_vs_bf16[first]:.2f} of bf16's time at M = {first} and "
+           f"{kernel_vs_bf16[last]:.2f} at M = {last} ({faster_from('fp8 kernel alone')}): the weight read in half "
+           f"the bytes, the matrix units twice as fast. Quantizing the activations on every call was "
+           f"{quant_share[first]:.0%} of the FP8 call's time at M = {first} and {quant_share[last]:.0%} at M = {last}: "
+           "several extra kernels, each launched from Python and each reading the activations. Compiled, those "
+           f"passes fuse and FP8 per call took {compiled_vs_bf16:.2f} of bf16's time at M = {last} "
+           f"({faster_from('fp8 per call, compiled')}); at small M what is left is the launches. FP8 pays where "
+           "the matmul is large, and only with its quantization fused or its activation scales fixed.",
+       where=measured_on);
 
 # %% [markdown]
 # ### The production way on a GPU: torchao configs, compiled

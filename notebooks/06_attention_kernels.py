@@ -5,7 +5,7 @@
 # |---|---|
 # | **What you will learn** | which kernel `F.scaled_dot_product_attention` runs and why: constraints, priority order (per release and cuDNN), forcing one with `sdpa_kernel`, the error when none fits and its reasons; the memory the MATH fallback spends, measured; ragged batches: padding + mask, jagged nested tensors, 2.10's `varlen_attn`; FlexAttention for masks SDPA cannot express: how `create_block_mask` builds its mask, measured against padding |
 # | **Prerequisites** | lesson 00; what attention computes (softmax(QKᵀ/√d)·V) |
-# | **Hardware** | any CPU. An NVIDIA GPU (A100 or newer) runs `varlen_attn` against padding and nested tensors |
+# | **Hardware** | any CPU. On an NVIDIA or AMD GPU the backend choice, the memory and the timings run on the GPU in bf16; an NVIDIA GPU (A100 or newer) also runs `varlen_attn` against padding and nested tensors |
 # | **Time** | 44 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
 #
@@ -55,10 +55,17 @@ QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
 if QUICK:
     SEQ_LENS, RAGGED_LENGTHS = [256, 512], [17, 40, 9, 128, 300]
+# The story runs on an NVIDIA or AMD GPU when there is one (torch calls both "cuda"), in bf16: CUDA's flash
+# kernel takes fp16/bf16 only. Elsewhere (a CPU, or an Intel or Apple GPU) it runs on the CPU in fp32.
+STORY = DEVICE if DEVICE.type == "cuda" else torch.device("cpu")
+STORY_DTYPE = torch.bfloat16 if STORY.type == "cuda" else torch.float32
+if STORY.type == "cuda":
+    SEQ_LENS = [1024, 4096] if QUICK else [1024, 2048, 4096, 8192]
 REPEATS, MIN_RUN_S = (3, 0.02) if QUICK else (5, 0.1)
 TIMING_THREADS, TIMING_REPEATS = 1, 5 if QUICK else 7     # the timing a reveal quotes: fixed threads, more repeats
 torch.manual_seed(0)
-print(f"torch {torch.__version__} · device {DEVICE} · quick={QUICK}")
+print(f"torch {torch.__version__} · device {DEVICE} · the backend story on {STORY} in "
+      f"{str(STORY_DTYPE).removeprefix('torch.')} · quick={QUICK}")
 
 # %% [markdown]
 # ## One function, several kernels
@@ -96,28 +103,52 @@ def attention_ops(q, k, v, **kwargs):
     return [e.key for e in prof.key_averages() if "attention" in e.key]
 
 
-q = torch.randn(2, HEADS, 128, HEAD_DIM)
-print("fp32, causal:", attention_ops(q, q, q, is_causal=True))
+q = torch.randn(2, HEADS, 128, HEAD_DIM, device=STORY, dtype=STORY_DTYPE)
+story_dtype = str(STORY_DTYPE).removeprefix("torch.")
+print(f"{story_dtype}, causal:", attention_ops(q, q, q, is_causal=True))
 print("CUDA priority order in this build:", attention.priority_order())
 
 # %% tags=["predict"]
-backend_guess = predict("The same fp32 call, in training, with dropout_p=0.1: which backend runs on this CPU?",
-                        options=["FLASH_ATTENTION", "MATH", "an error"], example="FLASH_ATTENTION")
+# The question is the one whose answer differs between the CPU and a GPU: each device's flash kernel refuses
+# something the other takes.
+if STORY.type == "cuda":
+    QUESTION = "boolean mask"
+    backend_guess = predict(f"The same {story_dtype} call with a boolean attn_mask: which backend runs on this GPU?",
+                            options=["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"],
+                            example="FLASH_ATTENTION")
+else:
+    QUESTION = "dropout_p=0.1"
+    backend_guess = predict("The same fp32 call, in training, with dropout_p=0.1: which backend runs on this CPU?",
+                            options=["FLASH_ATTENTION", "MATH", "an error"], example="FLASH_ATTENTION")
 
 # %%
-cases = {"fp32, causal": (q, q, q, {"is_causal": True}),
-         "fp32, dropout_p=0.1": (q, q, q, {"dropout_p": 0.1}),
-         "bf16, boolean mask": (q.bfloat16(),) * 3 + ({"attn_mask": torch.ones(128, 128, dtype=torch.bool).tril()},),
-         "8 q heads, 2 k/v heads": (torch.randn(2, 8, 128, HEAD_DIM), q[:, :2], q[:, :2], {"enable_gqa": True})}
+mask_128 = torch.ones(128, 128, dtype=torch.bool, device=STORY).tril()
+cases = {"causal": (q, q, q, {"is_causal": True}),
+         "dropout_p=0.1": (q, q, q, {"dropout_p": 0.1}),
+         "boolean mask": (q, q, q, {"attn_mask": mask_128}),
+         "8 q heads, 2 k/v heads": (torch.randn(2, 8, 128, HEAD_DIM, device=STORY, dtype=STORY_DTYPE), q[:, :2],
+                                    q[:, :2], {"enable_gqa": True})}
+if STORY.type == "cuda":
+    cases["fp32, causal"] = (q.float(), q.float(), q.float(), {"is_causal": True})
+else:
+    cases["bf16, boolean mask"] = (q.bfloat16(),) * 3 + ({"attn_mask": mask_128},)
 ran = {label: attention.backend_that_runs(qq, kk, vv, **kw) for label, (qq, kk, vv, kw) in cases.items()}
 for label, backend in ran.items():
-    print(f"{label:<24} {backend}")
+    print(f"{label if ',' in label else story_dtype + ', ' + label:<32} {backend}")
 
 # %% tags=["reveal"]
-reveal(backend_guess, ran["fp32, dropout_p=0.1"],
-       why="the CPU flash kernel has no dropout (check_for_dropout is among its checks in sdp_utils_cpp.cpp), "
-           "so SDPA fell back to MATH. Masks, bf16 and grouped k/v heads passed its checks. On CUDA, FLASH and EFFICIENT do take dropout, and CUDA flash takes no attn_mask "
-           "at all: the same call picks differently per device.");
+if STORY.type == "cuda":
+    backend_why = (f"CUDA's flash kernel takes no attn_mask at all (check_for_attn_mask is among its checks in "
+                   f"cuda/sdp_utils.cpp), so SDPA went on down this build's priority order "
+                   f"({', '.join(attention.priority_order())}) to the first backend whose checks the call passes. "
+                   f"Dropout, which the CPU's flash refuses, CUDA's flash takes (dropout_p=0.1 ran "
+                   f"{ran['dropout_p=0.1']}); fp32 it does not (fp32 ran {ran['fp32, causal']}): flash on CUDA "
+                   "is fp16/bf16 only. On a CPU it is the other way round: the same call picks differently per device.")
+else:
+    backend_why = ("the CPU flash kernel has no dropout (check_for_dropout is among its checks in sdp_utils_cpp.cpp), "
+                   "so SDPA fell back to MATH. Masks, bf16 and grouped k/v heads passed its checks. On CUDA, flash "
+                   "does take dropout and takes no attn_mask at all: the same call picks differently per device.")
+reveal(backend_guess, ran[QUESTION], why=backend_why);
 
 # %% [markdown]
 # ## Forcing one, and the error when none fits
@@ -130,31 +161,40 @@ reveal(backend_guess, ran["fp32, dropout_p=0.1"],
 # no kernel for the device at all fails with "No viable backend" and no reasons.
 
 # %%
-for label, (qq, kk, vv, allowed, kwargs) in {
-        "flash forced, dropout_p=0.1": (q, q, q, ["FLASH_ATTENTION"], {"dropout_p": 0.1}),
-        "flash forced, 8 q heads, 2 k/v heads, no enable_gqa": (torch.randn(2, 8, 128, HEAD_DIM), q[:, :2], q[:, :2],
-                                                              ["FLASH_ATTENTION"], {}),
-        "EFFICIENT_ATTENTION forced": (q, q, q, ["EFFICIENT_ATTENTION"], {})}.items():
+forced = {"flash forced, 8 q heads, 2 k/v heads, no enable_gqa": (cases["8 q heads, 2 k/v heads"][0], q[:, :2],
+                                                                q[:, :2], ["FLASH_ATTENTION"], {})}
+if STORY.type == "cuda":
+    forced["flash forced, boolean mask"] = (q, q, q, ["FLASH_ATTENTION"], {"attn_mask": mask_128})
+    forced["flash forced, fp32"] = (q.float(), q.float(), q.float(), ["FLASH_ATTENTION"], {})
+else:
+    forced["flash forced, dropout_p=0.1"] = (q, q, q, ["FLASH_ATTENTION"], {"dropout_p": 0.1})
+    forced["EFFICIENT_ATTENTION forced"] = (q, q, q, ["EFFICIENT_ATTENTION"], {})
+for label, (qq, kk, vv, allowed, kwargs) in forced.items():
     outcome, reasons = attention.decline_reasons(qq, kk, vv, allowed, **kwargs)
     print(f"{label}: {outcome}" + "".join(f"\n    warning: {r}" for r in reasons))
 
+# %% [markdown]
+# Both CPU kernels take fp32 and masks, so the check against a float64 reference runs on the CPU on every
+# machine:
+
 # %% tags=["nbval-check-output"]
+q_cpu = q.cpu().float()
 mask = torch.rand(128, 128) > 0.2
 mask.fill_diagonal_(True)       # every query keeps at least one key
 for label, kwargs in {"plain": {}, "causal": {"is_causal": True}, "boolean mask": {"attn_mask": mask}}.items():
-    ref = attention.sdpa_reference(q, q, q, **kwargs)
+    ref = attention.sdpa_reference(q_cpu, q_cpu, q_cpu, **kwargs)
     for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
         with sdpa_kernel([backend]):
-            err = (F.scaled_dot_product_attention(q, q, q, **kwargs) - ref).abs().max().item()
+            err = (F.scaled_dot_product_attention(q_cpu, q_cpu, q_cpu, **kwargs) - ref).abs().max().item()
         assert err < 1e-5, (label, backend, err)
     print(f"{label:<13} MATH and FLASH_ATTENTION forced: both match the float64 reference (max error < 1e-5)")
 
 # %% [markdown]
 # ### Your turn: make flash eligible
 #
-# A model's attention call falls back to `MATH` on this CPU. Change **one** value in `MY_CALL` so that
-# `FLASH_ATTENTION` runs. Keep 8 query heads and 2 key/value heads (grouped-query attention). The check
-# prints the reasons flash gave: read them before you guess.
+# A model's attention call does not get `FLASH_ATTENTION` on this device (the GPU when there is one).
+# Change **one** value in `MY_CALL` so that `FLASH_ATTENTION` runs. Keep 8 query heads and 2 key/value heads
+# (grouped-query attention). The check prints the reasons flash gave: read them before you guess.
 
 # %% tags=["your-turn"]
 START_CALL = {"dtype": torch.bfloat16, "q_heads": 8, "kv_heads": 2, "enable_gqa": True, "v_head_dim": 48,
@@ -170,9 +210,9 @@ def check_call():
     changed = [key for key in START_CALL if MY_CALL.get(key) != START_CALL[key]]
     if len(changed) > 1 or (MY_CALL["q_heads"], MY_CALL["kv_heads"]) != (8, 2):
         fail("MY_CALL", f"changed {changed}", "change one value, and keep 8 query heads and 2 key/value heads")
-    qq = torch.randn(1, 8, 64, 64, dtype=MY_CALL["dtype"])
-    kk = torch.randn(1, 2, 64, 64, dtype=MY_CALL["dtype"])
-    vv = torch.randn(1, 2, 64, MY_CALL["v_head_dim"], dtype=MY_CALL["dtype"])
+    qq = torch.randn(1, 8, 64, 64, dtype=MY_CALL["dtype"], device=STORY)
+    kk = torch.randn(1, 2, 64, 64, dtype=MY_CALL["dtype"], device=STORY)
+    vv = torch.randn(1, 2, 64, MY_CALL["v_head_dim"], dtype=MY_CALL["dtype"], device=STORY)
     outcome, reasons = attention.decline_reasons(qq, kk, vv, ["FLASH_ATTENTION"], dropout_p=MY_CALL["dropout_p"],
                                                  enable_gqa=MY_CALL["enable_gqa"])
     check_equal(outcome, "ran FLASH_ATTENTION", what="flash forced on MY_CALL",
@@ -186,14 +226,15 @@ your_turn(check_call, what="make flash eligible");
 #
 # MATH writes the `batch × heads × seq × seq` scores, then their softmax, before the second matmul; flash
 # keeps one tile per thread and writes only the output and one log-sum-exp per row.
-# `attention.cpu_peak_memory_per_backend` runs one causal forward under `torch.profiler(profile_memory=True)`
-# and reads the peak the call held beyond its inputs. `attention.time_backends` times both at
-# `TIMING_THREADS` thread (torch.utils.benchmark's Timer sets the count while it measures, then restores it);
-# the reveal quotes a speed ratio only when the two min-max spreads do not overlap.
+# `attention.forward_peak_memory` runs one causal forward and reads the peak the call held beyond its
+# inputs: on a CPU from `torch.profiler(profile_memory=True)`, on a GPU from the allocator's peak statistics.
+# `attention.time_backends` times both (on a CPU at `TIMING_THREADS` thread: torch.utils.benchmark's Timer
+# sets the count while it measures, then restores it); the reveal quotes a speed ratio only when the two
+# min-max spreads do not overlap.
 
 # %% tags=["predict"]
-memory_guess = predict(f"At seq {SEQ_LENS[-1]} ({HEADS} heads × {HEAD_DIM}, fp32), how many times flash's peak "
-                       "memory will MATH's forward hold?", unit="x", example=4.0)
+memory_guess = predict(f"At seq {SEQ_LENS[-1]} ({HEADS} heads × {HEAD_DIM}, {story_dtype}, on {STORY.type}), how many "
+                       "times flash's peak memory will MATH's forward hold?", unit="x", example=4.0)
 
 # %% tags=["predict"]
 bf16_guess = predict(f"Halve the bytes per element: the same MATH forward in bf16 at seq {SEQ_LENS[-1]}. Its peak "
@@ -201,14 +242,19 @@ bf16_guess = predict(f"Halve the bytes per element: the same MATH forward in bf1
                      example="about half")
 
 # %%
-memory = attention.cpu_peak_memory_per_backend(SEQ_LENS, heads=HEADS, head_dim=HEAD_DIM)
-memory_bf16 = attention.cpu_peak_memory_per_backend(SEQ_LENS[-1:], heads=HEADS, head_dim=HEAD_DIM, dtype=torch.bfloat16)
+memory = attention.forward_peak_memory(SEQ_LENS, heads=HEADS, head_dim=HEAD_DIM, dtype=STORY_DTYPE, device=STORY)
+math_dtypes = {story_dtype: memory["peak_bytes"][SEQ_LENS[-1]]["MATH"]}
+for other in {torch.bfloat16, torch.float32} - {STORY_DTYPE}:     # MATH in the other dtype, at the longest length
+    math_dtypes[str(other).removeprefix("torch.")] = attention.forward_peak_memory(
+        SEQ_LENS[-1:], heads=HEADS, head_dim=HEAD_DIM, backends=("MATH",), dtype=other, device=STORY
+    )["peak_bytes"][SEQ_LENS[-1]]["MATH"]
 timing = attention.time_backends(SEQ_LENS, heads=HEADS, head_dim=HEAD_DIM, repeats=TIMING_REPEATS,
-                                 min_run_time=MIN_RUN_S, threads=TIMING_THREADS)
+                                 min_run_time=MIN_RUN_S, dtype=STORY_DTYPE, device=STORY, threads=TIMING_THREADS)
 bench.save_json({"memory": memory, "timing": timing}, "runs/06_sdpa_math_vs_flash.json")
 ms = {k: {n: {b: timing[k][n][b] * 1e3 for b in ("MATH", "FLASH_ATTENTION")} for n in SEQ_LENS}
       for k in ("median_s", "min_s", "max_s")}
-print(f"time: median (min-max) of {TIMING_REPEATS} repeats at {timing['threads']} thread(s)")
+where = f"at {timing['threads']} thread(s)" if STORY.type == "cpu" else f"on {capabilities().device_name}"
+print(f"{story_dtype} on {STORY.type}; time: median (min-max) of {TIMING_REPEATS} repeats {where}")
 for n in SEQ_LENS:
     peak, t, lo, hi = memory["peak_bytes"][n], ms["median_s"][n], ms["min_s"][n], ms["max_s"][n]
     print(f"seq {n:>5}: MATH {peak['MATH'] / 2**20:6.1f} MiB, {t['MATH']:.3g} ms ({lo['MATH']:.3g}-{hi['MATH']:.3g})   "
@@ -218,16 +264,16 @@ for n in SEQ_LENS:
 longest = SEQ_LENS[-1]
 assert memory["peak_bytes"][longest]["MATH"] >= memory["score_matrix_bytes"][longest], "MATH holds the scores"
 assert memory["peak_bytes"][longest]["FLASH_ATTENTION"] < memory["score_matrix_bytes"][longest], "flash never does"
-bf16_ratio = memory_bf16["peak_bytes"][longest]["MATH"] / memory["peak_bytes"][longest]["MATH"]
-print(f"MATH at seq {longest} in bf16: {memory_bf16['peak_bytes'][longest]['MATH'] / 2**20:.1f} MiB, "
-      f"{bf16_ratio:.2f} of fp32's")
+bf16_ratio = math_dtypes["bfloat16"] / math_dtypes["float32"]
+print(f"MATH at seq {longest}: bf16 {math_dtypes['bfloat16'] / 2**20:.1f} MiB, fp32 {math_dtypes['float32'] / 2**20:.1f} "
+      f"MiB: bf16 holds {bf16_ratio:.2f} of fp32's")
 
 # %% tags=["reveal"]
 math_peak, flash_peak = (memory["peak_bytes"][longest][b] for b in ("MATH", "FLASH_ATTENTION"))
 speed = timing["median_s"][longest]["MATH"] / timing["median_s"][longest]["FLASH_ATTENTION"]
 if not timing["separated"][longest]:          # the min-max ranges overlap: no direction can be read from this run
-    time_verdict = ("Time: MATH and flash's spreads overlapped at that length, too noisy here to tell; run again "
-                    "or use fewer threads.")
+    time_verdict = ("Time: MATH and flash's spreads overlapped at that length, too noisy here to tell; run again"
+                    + (" or use fewer threads." if STORY.type == "cpu" else "."))
 else:
     time_verdict = (f"Time: flash was {speed:.1f}x faster here at that length (spreads apart)." if speed > 1 else
                     f"Time: flash was {1 / speed:.1f}x slower here at that length (spreads apart).")
@@ -243,8 +289,8 @@ reveal(bf16_guess, "about half" if bf16_ratio < 0.75 else "about the same" if bf
        why=f"bf16 held {bf16_ratio:.2f} of fp32's peak. MATH upcasts fp16/bf16 inputs and keeps every intermediate "
            "in fp32 (the SDPA docstring in torch/nn/functional.py; "
            f"torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() is "
-           f"{torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()}), plus fp32 copies of q, k and v. On a GPU the "
-           "same holds: a half-precision call that falls back to MATH costs fp32 scores.");
+           f"{torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()}), plus fp32 copies of q, k and v, measured "
+           f"here on {STORY.type}: a half-precision call that falls back to MATH costs fp32 scores.");
 
 # %% [markdown]
 # ## Ragged batches: padding, jagged nested tensors, varlen_attn

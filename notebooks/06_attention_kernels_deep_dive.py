@@ -70,7 +70,7 @@ print(f"torch {torch.__version__} · device {DEVICE} · quick={QUICK}")
 
 # %%
 timing = attention.time_backends(SEQ_LENS, heads=HEADS, head_dim=HEAD_DIM, repeats=REPEATS, min_run_time=MIN_RUN_S)
-memory = attention.cpu_peak_memory_per_backend(SEQ_LENS, heads=HEADS, head_dim=HEAD_DIM)
+memory = attention.forward_peak_memory(SEQ_LENS, heads=HEADS, head_dim=HEAD_DIM)
 bench.save_json({"timing": timing, "memory": memory}, "runs/06_deep_sdpa_backends.json")
 limits = bench.measure_limits(quick=True, device="cpu") if QUICK else bench.machine_limits(device="cpu")
 print(f"this CPU's fp32 GEMM peak: {limits['fp32_gemm_gflops']:.0f} GFLOP/s ({limits['threads']} threads)")

@@ -5,7 +5,7 @@
 # |---|---|
 # | **What you will learn** | profile a training step with `torch.profiler.profile(profile_memory=True)` and read its memory timeline by category (parameters, input, activations, gradients, optimizer state); predict Adam's state before it is measured; find the peak and the operations that allocated it; lower the peak with activation checkpointing, measured in memory and in time, and choose which blocks to checkpoint to meet a memory budget |
 # | **Prerequisites** | lesson 00; a training loop (forward, backward, optimizer step) |
-# | **Hardware** | any CPU. The GPU tools (allocator snapshots, memory pools, fragmentation, out-of-memory snapshots) are in the deep dive |
+# | **Hardware** | any CPU; on an NVIDIA or AMD GPU the step is profiled on the GPU. The GPU tools (allocator snapshots, memory pools, fragmentation, out-of-memory snapshots) are in the deep dive |
 # | **Time** | 35 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the exporter's categories and Adam's CPU path read in the 2.10.0 and 2.13.0 wheels (`torch/profiler/_memory_profiler.py`, `torch/optim/adam.py`) |
 #
@@ -47,11 +47,15 @@ from helpers.device import pick_device, quick_mode
 from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
-DEVICE = pick_device()       # everything here is profiled on the CPU; the deep dive repeats it on a GPU
+DEVICE = pick_device()
+# The step is profiled on an NVIDIA or AMD GPU when there is one (torch calls both "cuda"), else on the CPU:
+# the exporter below categorises the memory of those two kinds of device.
+STORY = DEVICE if DEVICE.type == "cuda" else torch.device("cpu")
+TIMELINE_DEVICE = memory.timeline_device(STORY)
 if QUICK:
     BATCH, WIDTH = 512, 128
 torch.manual_seed(0)
-print(f"torch {torch.__version__} · device {DEVICE} (profiling on the CPU) · quick={QUICK}")
+print(f"torch {torch.__version__} · device {DEVICE} (profiling on {TIMELINE_DEVICE}) · quick={QUICK}")
 
 
 # %% [markdown]
@@ -82,10 +86,15 @@ class Stack(nn.Module):
 def profiled_step(checkpointed=(), batch=BATCH):
     """A warm-up step, then one step under the profiler; returns the profile and the model."""
     torch.manual_seed(0)
-    model = Stack(checkpointed)
-    step = memory.training_step(model, batch, WIDTH)
+    model = Stack(checkpointed).to(STORY)
+    step = memory.training_step(model, batch, WIDTH, device=STORY)
     step()
-    return memory.profile_steps(step, steps=1), model
+    return memory.profile_steps(step, steps=1, device=STORY), model
+
+
+def step_peak(checkpointed=(), batch=BATCH):
+    """The peak of one profiled step, all categories together."""
+    return memory.peak_bytes(memory.timeline(profiled_step(checkpointed, batch)[0], TIMELINE_DEVICE))
 
 
 # %% [markdown]
@@ -111,32 +120,39 @@ adam_guess = predict(f"The model has {n_params:,} float32 parameters (4 bytes ea
 
 # %%
 prof, model = profiled_step()
-top = memory.top_allocations(prof, 6)   # the operations that allocated the most (shown below)
-tl = memory.timeline(prof)
+top = memory.top_allocations(prof, 6, device=STORY)   # the operations that allocated the most (shown below)
+tl = memory.timeline(prof, TIMELINE_DEVICE)
 for name, values in tl["bytes"].items():
     print(f"peak {name:<16} {memory.mib(max(values)):>12}")
 
 # %% [markdown]
 # (The profiler prints its start and stop lines, and may warn that a block allocated before profiling
 # started was freed during it: the gradients of the warm-up step, for one, which `zero_grad` releases.) Three
-# categories can be checked exactly against the model:
+# categories can be checked exactly against the model. On a GPU, "exactly" allows for the caching
+# allocator, which hands out blocks in multiples of 512 bytes (`memory.allocated_bytes`), and Adam's `step`
+# counters live on the CPU there unless the optimizer is `capturable` or `fused` (`_init_group` in
+# `torch/optim/adam.py`).
 
 # %% tags=["nbval-check-output"]
 params = list(model.parameters())
 param_bytes = 4 * sum(p.numel() for p in params)
-assert memory.peak_bytes(tl, "parameter") == param_bytes
-assert memory.peak_bytes(tl, "gradient") == param_bytes
-assert memory.peak_bytes(tl, "optimizer_state") == 2 * param_bytes + 4 * len(params)
+step_counters = [torch.zeros((), device=STORY)] * len(params) if STORY.type == "cpu" else []
+assert memory.peak_bytes(tl, "parameter") == memory.allocated_bytes(params, STORY)
+assert memory.peak_bytes(tl, "gradient") == memory.allocated_bytes(params, STORY)
+assert memory.peak_bytes(tl, "optimizer_state") == memory.allocated_bytes(params * 2 + step_counters, STORY)
 assert memory.peak_bytes(tl, "input") >= 4 * BATCH * (WIDTH + 1)
 print("'parameter' and 'gradient' peaks: 4 bytes x parameter count: True")
-print(f"'optimizer_state': 2 x the parameters + 4 bytes per parameter tensor ({len(params)} tensors): True")
+print(f"'optimizer_state': 2 x the parameters + 4 bytes per parameter tensor on this device "
+      f"({len(step_counters)} tensors): True")
 print("'input' holds at least the batch and its targets: True")
 
 # %% tags=["reveal"]
 reveal(adam_guess, round(memory.peak_bytes(tl, "optimizer_state") / n_params, 3), tolerance=1.2,
        why="Adam keeps two float32 tensors shaped like each parameter, exp_avg (the running mean of the "
            "gradients) and exp_avg_sq (of their squares): 8 bytes per parameter, plus a 4-byte `step` counter "
-           f"per parameter tensor ({len(params)} here). With the weights and their gradients that is 16 bytes "
+           f"per parameter tensor ({len(params)} here, " + ("on this CPU" if STORY.type == "cpu" else
+                                                           "kept on the CPU, so not in this GPU's timeline")
+           + "). With the weights and their gradients that is 16 bytes "
            f"per parameter before any activation: {memory.mib(16 * n_params)} for this model.");
 
 # %% [markdown]
@@ -175,9 +191,9 @@ reveal(peak_guess, max(at_peak, key=at_peak.get),
 # %% [markdown]
 # ## The operations behind the peak
 #
-# Which operations allocated it? `prof.key_averages()` gives each operation its **self CPU memory**: the
-# bytes it allocated itself minus those it freed, summed over its calls. `memory.top_allocations` keeps
-# the largest.
+# Which operations allocated it? `prof.key_averages()` gives each operation its **self memory** on the
+# device (`self_cpu_memory_usage`, `self_device_memory_usage` on a GPU): the bytes it allocated itself minus
+# those it freed, summed over its calls. `memory.top_allocations` keeps the largest.
 
 # %%
 for row in top:
@@ -203,14 +219,12 @@ ckpt_guess = predict(f"Checkpoint all {DEPTH} blocks. By what factor does the pe
 
 # %%
 all_blocks = tuple(range(DEPTH))
-peak = {"none": max(total),
-        "all blocks": memory.peak_bytes(memory.timeline(profiled_step(all_blocks)[0])),
-        f"all blocks, batch {2 * BATCH}": memory.peak_bytes(memory.timeline(profiled_step(all_blocks, 2 * BATCH)[0]))}
+peak = {"none": max(total), "all blocks": step_peak(all_blocks), f"all blocks, batch {2 * BATCH}": step_peak(all_blocks, 2 * BATCH)}
 for name, nbytes in peak.items():
     print(f"checkpointed: {name:<24} peak {memory.mib(nbytes):>12}")
-timing = bench.compare({"none": memory.training_step(Stack(), BATCH, WIDTH),
-                        "all blocks": memory.training_step(Stack(all_blocks), BATCH, WIDTH)},
-                       baseline="none", repeats=3, min_run_time=0.05 if QUICK else 0.2, device="cpu")
+timing = bench.compare({"none": memory.training_step(Stack().to(STORY), BATCH, WIDTH, device=STORY),
+                        "all blocks": memory.training_step(Stack(all_blocks).to(STORY), BATCH, WIDTH, device=STORY)},
+                       baseline="none", repeats=3, min_run_time=0.05 if QUICK else 0.2, device=STORY)
 print(bench.table(timing))
 
 # %% tags=["reveal"]
@@ -249,7 +263,7 @@ def check_checkpointed():
     if not chosen <= set(all_blocks) or len(chosen) > DEPTH // 2:
         fail("CHECKPOINTED", f"{sorted(chosen)} is not a choice of at most {DEPTH // 2} blocks",
              f"use block indices from 0 to {DEPTH - 1}")
-    measured = memory.peak_bytes(memory.timeline(profiled_step(chosen)[0]))
+    measured = step_peak(chosen)
     print(f"blocks {sorted(chosen)} checkpointed: peak {memory.mib(measured)}, budget {memory.mib(budget)}")
     check_equal(measured <= budget, True, what=f"peak within the budget with blocks {sorted(chosen)} checkpointed",
                 hint="backward goes from the last block to the first, and a checkpointed block rebuilds its "

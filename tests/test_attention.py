@@ -247,7 +247,7 @@ def test_backend_timing_keeps_the_spread_and_runs_at_the_threads_asked():
 
 def test_cpu_peak_bytes_sees_an_allocation_and_math_holds_the_scores():
     assert attention.cpu_peak_bytes(lambda: torch.empty(1 << 20, dtype=torch.uint8)) >= 1 << 20
-    memory = attention.cpu_peak_memory_per_backend([256], heads=2, head_dim=16)
+    memory = attention.forward_peak_memory([256], heads=2, head_dim=16)
     peak, scores = memory["peak_bytes"][256], memory["score_matrix_bytes"][256]
     assert scores == 2 * 256 * 256 * 4
     assert peak["MATH"] >= scores > peak["FLASH_ATTENTION"]
@@ -255,8 +255,8 @@ def test_cpu_peak_bytes_sees_an_allocation_and_math_holds_the_scores():
 
 def test_math_keeps_fp32_scores_for_bf16_inputs():
     """MATH upcasts half/bf16 inputs (all intermediates in torch.float), so bf16 saves it no score memory."""
-    bf16 = attention.cpu_peak_memory_per_backend([256], heads=2, head_dim=16, dtype=torch.bfloat16)
-    fp32 = attention.cpu_peak_memory_per_backend([256], heads=2, head_dim=16)
+    bf16 = attention.forward_peak_memory([256], heads=2, head_dim=16, dtype=torch.bfloat16)
+    fp32 = attention.forward_peak_memory([256], heads=2, head_dim=16)
     assert bf16["dtype"] == "torch.bfloat16"
     assert bf16["peak_bytes"][256]["MATH"] >= 2 * 256 * 256 * 4 > bf16["peak_bytes"][256]["FLASH_ATTENTION"]
     assert bf16["peak_bytes"][256]["MATH"] > 0.75 * fp32["peak_bytes"][256]["MATH"]

@@ -47,6 +47,8 @@ def test_headless_prediction_records_the_example_and_reveal_judges_it(monkeypatc
     assert interactive.reveal(number, 4.1, why="w", tolerance=2) is False
     out = capsys.readouterr().out
     assert "✅ Your prediction held" in out and "❌ Your prediction did not hold" in out and "Why: the GIL" in out
+    interactive.reveal(choice, "threads", why="w", where="on the recorded NVIDIA H200")
+    assert "Measured on the recorded NVIDIA H200: threads." in capsys.readouterr().out
 
 
 def test_prediction_rules():

@@ -200,3 +200,30 @@ def test_largest_allocations_skip_the_cpp_frames_of_a_real_symbolised_traceback(
     snapshot = {"device_traces": [[{"action": "alloc", "size": 1024, "frames": frames}]]}
     where = memory.largest_allocations(snapshot)[0]["where"]
     assert where.startswith(__file__) and where.endswith("in allocate_here"), where
+
+
+def test_allocated_bytes_rounds_to_the_allocators_blocks_on_a_gpu_only():
+    tensors = [torch.empty(1), torch.empty(1000), torch.empty(128)]        # 4, 4000 and 512 bytes
+    assert memory.allocated_bytes(tensors, "cpu") == 4516
+    assert memory.allocated_bytes(tensors, "cuda") == 512 + 4096 + 512
+
+
+def test_timeline_device_names_what_the_exporter_takes():
+    assert memory.timeline_device("cpu") == "cpu"
+    assert memory.timeline_device(torch.device("cuda", 1)) == "cuda:1"
+
+
+@pytest.mark.requires_cuda
+def test_timeline_categories_match_the_model_on_a_gpu():
+    """What lesson 07 asserts when it runs on a GPU: exact bytes per category, after the allocator's rounding;
+    Adam's step counters stay on the CPU."""
+    torch.manual_seed(0)
+    model = memory.mlp(WIDTH, 2).cuda()
+    step = memory.training_step(model, BATCH, WIDTH, device="cuda")
+    step()
+    prof = memory.profile_steps(step, steps=1, device="cuda")
+    tl = memory.timeline(prof, memory.timeline_device("cuda"))
+    params = list(model.parameters())
+    assert memory.peak_bytes(tl, "parameter") == memory.allocated_bytes(params, "cuda")
+    assert memory.peak_bytes(tl, "optimizer_state") == memory.allocated_bytes(params * 2, "cuda")
+    assert memory.top_allocations(prof, 3, device="cuda")

@@ -457,3 +457,20 @@ def test_int4_packed_refuses_what_the_kernel_refuses():
         quant.quantize_int4_packed(torch.randn(10, 64), group_size=32)
     with pytest.raises(ValueError, match="divide in_features"):
         quant.quantize_int4_packed(torch.randn(16, 48), group_size=32)
+
+
+def test_fp8_crossover_needs_the_spreads_apart():
+    rows = {16: {"bf16": (1.0, 0.9, 1.1), "fp8 per call": (0.95, 0.8, 1.2)},      # faster median, overlapping
+            128: {"bf16": (1.0, 0.9, 1.1), "fp8 per call": (0.7, 0.6, 0.8)}}
+    assert quant.fp8_crossover(rows) == "128"
+    rows[128]["fp8 per call"] = (0.85, 0.8, 0.95)
+    assert quant.fp8_crossover(rows) == quant.FP8_SLOWER
+
+
+def test_recorded_fp8_figures_say_where_and_hold_every_candidate():
+    record = quant.recorded_fp8_crossover()
+    assert {"device", "arch", "torch", "recorded", "granularity"} <= set(record)
+    assert list(record["rows"]) == [16, 128, 1024, 8192]
+    for times in record["rows"].values():
+        assert set(times) == {"bf16", "fp8 kernel alone", "fp8 per call", "fp8 per call, compiled"}
+        assert all(len(t) == 3 and t[1] <= t[0] <= t[2] for t in times.values())
