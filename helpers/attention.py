@@ -527,6 +527,13 @@ def repeat_kv_heads(k: torch.Tensor, query_heads: int) -> torch.Tensor:
 
 # --- Why a backend declined -------------------------------------------------------------------
 
+def flash_runs_on(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether SDPA's FLASH_ATTENTION takes a small causal call in `dtype` on `device`, tried rather than
+    inferred: CUDA's flash needs sm80+ (a T4, sm_75, has none) and fp16/bf16; ROCm's depends on the GPU."""
+    q = torch.randn(1, 1, 16, 64, device=device, dtype=dtype)
+    return decline_reasons(q, q, q, ["FLASH_ATTENTION"], is_causal=True)[0] == "ran FLASH_ATTENTION"
+
+
 def decline_reasons(q, k, v, backends: list[str], **sdpa_kwargs) -> tuple[str, list[str]]:
     """Force `backends` and run SDPA: ("ran <backend>", []) or (the error's first line, the warnings
     torch emitted with it). When no allowed CPU backend fits, ATen re-runs the flash checks with debug

@@ -5,7 +5,7 @@
 # |---|---|
 # | **What you will learn** | which kernel `F.scaled_dot_product_attention` runs and why: constraints, priority order (per release and cuDNN), forcing one with `sdpa_kernel`, the error when none fits and its reasons; the memory the MATH fallback spends, measured; ragged batches: padding + mask, jagged nested tensors, 2.10's `varlen_attn`; FlexAttention for masks SDPA cannot express: how `create_block_mask` builds its mask, measured against padding |
 # | **Prerequisites** | lesson 00; what attention computes (softmax(QKᵀ/√d)·V) |
-# | **Hardware** | any CPU. On an NVIDIA or AMD GPU the backend choice, the memory and the timings run on the GPU in bf16; an NVIDIA GPU (A100 or newer) also runs `varlen_attn` against padding and nested tensors |
+# | **Hardware** | any CPU. On an NVIDIA or AMD GPU where SDPA's flash kernel runs (NVIDIA sm80+, not Colab's T4), the backend choice, the memory and the timings run on the GPU in bf16; an NVIDIA GPU (A100 or newer) also runs `varlen_attn` against padding and nested tensors |
 # | **Time** | 44 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
 #
@@ -55,10 +55,16 @@ QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
 if QUICK:
     SEQ_LENS, RAGGED_LENGTHS = [256, 512], [17, 40, 9, 128, 300]
-# The story runs on an NVIDIA or AMD GPU when there is one (torch calls both "cuda"), in bf16: CUDA's flash
-# kernel takes fp16/bf16 only. Elsewhere (a CPU, or an Intel or Apple GPU) it runs on the CPU in fp32.
-STORY = DEVICE if DEVICE.type == "cuda" else torch.device("cpu")
-STORY_DTYPE = torch.bfloat16 if STORY.type == "cuda" else torch.float32
+# The story runs on an NVIDIA or AMD GPU (torch calls both "cuda") whose flash kernel runs, in bf16 (fp16
+# where the GPU has no bf16): CUDA's flash takes fp16/bf16 only. Elsewhere (a CPU, an Intel or Apple GPU, or
+# a GPU without flash such as Colab's T4) it runs on the CPU in fp32.
+GPU_DTYPE = torch.bfloat16 if capabilities().bf16 else torch.float16
+GPU_FLASH = DEVICE.type == "cuda" and attention.flash_runs_on(DEVICE, GPU_DTYPE)
+STORY = DEVICE if GPU_FLASH else torch.device("cpu")
+STORY_DTYPE = GPU_DTYPE if GPU_FLASH else torch.float32
+if DEVICE.type == "cuda" and not GPU_FLASH:
+    print(f"SDPA's flash kernel does not run on this GPU ({capabilities().arch}; CUDA's needs sm80+), so the backend "
+          "story below runs on the CPU; the ragged-batch section still uses the GPU where it can.")
 if STORY.type == "cuda":
     SEQ_LENS = [1024, 4096] if QUICK else [1024, 2048, 4096, 8192]
 REPEATS, MIN_RUN_S = (3, 0.02) if QUICK else (5, 0.1)

@@ -302,3 +302,9 @@ def test_compiled_flex_attention_matches_eager_or_says_why_not():
         pytest.skip(f"no fused FlexAttention kernel on this CPU: {error}")
     torch.testing.assert_close(compiled(q, k, v, block_mask=mask), flex_attention(q, k, v, block_mask=mask),
                                atol=1e-5, rtol=1e-4)
+
+
+def test_flash_runs_on_is_tried_not_inferred(monkeypatch):
+    assert attention.flash_runs_on("cpu", torch.float32)
+    monkeypatch.setattr(attention, "decline_reasons", lambda *a, **k: ("No available kernel.", ["sm 7.5"]))
+    assert not attention.flash_runs_on("cpu", torch.float32)
