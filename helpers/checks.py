@@ -53,6 +53,16 @@ def check_tensor(actual, expected: torch.Tensor, *, what: str, hint: str = "") -
              with_hint("cast explicitly (x.to(dtype)); mixed dtypes are promoted silently in many ops"))
 
 
+def distinct(got: float, expected: float) -> tuple[str, str]:
+    """got and expected with the fewest significant digits, 6 at least, that tell them apart (a float32
+    rounding shows as two different numbers, not the same one twice)."""
+    for digits in range(6, 18):
+        pair = f"{got:.{digits}g}", f"{expected:.{digits}g}"
+        if pair[0] != pair[1]:
+            break
+    return pair
+
+
 def check_close(actual, expected: torch.Tensor, *, what: str, atol: float = 1e-5, rtol: float = 1e-4,
                 hint: str = "") -> None:
     """Shape, dtype and values match within tolerance; on failure, says where and by how much."""
@@ -68,9 +78,9 @@ def check_close(actual, expected: torch.Tensor, *, what: str, atol: float = 1e-5
     if bad.any():
         idx = tuple(int(i) for i in bad.nonzero()[0])
         err = (a - e).abs().nan_to_num(posinf=float("inf")).max().item()
-        fail(what, f"{int(bad.sum())} of {a.numel()} values differ (first at index {idx}: got "
-                   f"{a[idx].item():.6g}, expected {e[idx].item():.6g}; max abs error {err:.3g}, "
-                   f"tolerance atol={atol:g} rtol={rtol:g})",
+        got, want = distinct(a[idx].item(), e[idx].item())
+        fail(what, f"{int(bad.sum())} of {a.numel()} values differ (first at index {idx}: got {got}, expected "
+                   f"{want} in {expected.dtype}; max abs error {err:.3g}, tolerance atol={atol:g} rtol={rtol:g})",
              hint or "compare your result with the reference on a tiny input, element by element")
     passed(what)
 

@@ -82,6 +82,14 @@ def test_check_close_fails_with_what_was_wrong(actual, problem):
     assert problem in str(info.value) and "Exercise 9" in str(info.value) and "Hint:" in str(info.value)
 
 
+def test_check_close_shows_digits_that_differ():
+    """A float64 value off by a float32 rounding shows as two different numbers, with the dtype."""
+    with pytest.raises(CheckFailed) as info:
+        check_close(torch.tensor([-0.05235551], dtype=torch.float64), torch.tensor([-0.0523555], dtype=torch.float64),
+                    what="Exercise 9", atol=1e-10, rtol=1e-10)
+    assert "got -0.05235551, expected -0.0523555 in torch.float64" in str(info.value)
+
+
 def test_check_equal_and_raises():
     check_equal(3, 3, what="int")
     with pytest.raises(CheckFailed, match="got 2, expected 3"):

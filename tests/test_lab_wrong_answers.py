@@ -15,6 +15,7 @@ import ast
 import copy
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -234,6 +235,13 @@ def softmax_finite_mask(x, dim=-1):
     return e / e.sum(dim=dim, keepdim=True)
 
 
+def softmax_float32_stand_ins(x, dim=-1):
+    # keeps a fully masked row finite with stand-ins sized for float32: in float16 -1e30 is -inf and 1e-30 is 0
+    m = x.amax(dim=dim, keepdim=True).clamp(min=-1e30)
+    e = (x - m).exp()
+    return e / e.sum(dim=dim, keepdim=True).clamp(min=1e-30)
+
+
 def softmax_fixed_device(x, dim=-1):
     # right values on the CPU, but builds the stand-in maximum on a fixed device (the CPU)
     m = x.amax(dim=dim, keepdim=True)
@@ -442,6 +450,23 @@ def ordered_map_four_times_workers(fn, items, workers, prefetch=None, seed=0):
 def ordered_map_one_ahead(fn, items, workers, prefetch=None, seed=0):
     # prefetch=None read as "one item ahead": every other worker idles
     yield from gs._ordered_map(fn, items, workers, 1 if prefetch is None else prefetch, seed)
+
+
+def ordered_map_keeps_futures(fn, items, workers, prefetch=None, seed=0):
+    # bounded read-ahead, but every future handed out is kept in a list: each result stays in memory
+    from collections import deque
+    prefetch = workers + 1 if prefetch is None else prefetch
+    handed_out = []
+    with ThreadPoolExecutor(workers) as pool:
+        pending = deque()
+        for i, item in enumerate(items):
+            pending.append(pool.submit(fn, item, item_generator(seed, i)))
+            if len(pending) == prefetch:
+                handed_out.append(pending.popleft())
+                yield handed_out[-1].result()
+        while pending:
+            handed_out.append(pending.popleft())
+            yield handed_out[-1].result()
 
 
 def ordered_map_seed_zero(fn, items, workers, prefetch=None, seed=0):
@@ -793,6 +818,8 @@ NAMING_HARNESSES = ("interval_named", "default_read_ahead")   # harnesses whose 
 
 # --- Lab 03: MoE ---------------------------------------------------------------------------------
 
+OWN_ROWS_FLOPS_CASE = "the FLOPs of each expert on its own rows, no more"
+
 def permute_unstable(x, expert_ids, num_experts):
     # argsort without stable=True: ties in any order
     flat = expert_ids.reshape(-1)
@@ -972,6 +999,33 @@ def gemm_empty_tail(xs, w, offs):
         out[start:end] = xs[start:end] @ w[e]
         start = end
     return out
+
+
+def gemm_every_expert_every_row(xs, w, offs):
+    # one 2-D matmul of every row with every expert's weight, then each row keeps its own expert's columns
+    experts, k, n = w.shape
+    rows = torch.arange(xs.shape[0], dtype=offs.dtype)
+    expert_of_row = torch.searchsorted(offs, rows, right=True)
+    every = (xs @ w.permute(1, 0, 2).reshape(k, experts * n)).view(-1, experts, n)
+    own = every[rows.long(), expert_of_row.clamp(max=experts - 1)]
+    return torch.where((expert_of_row < experts)[:, None], own, torch.zeros_like(own))
+
+
+def gemm_multiply_and_sum(xs, w, offs):
+    # each expert on its own rows, but the product as a broadcast multiply and a sum: no matmul
+    out = xs.new_zeros(xs.shape[0], w.shape[2])
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        out[start:end] = (xs[start:end, :, None] * w[e]).sum(1)
+        start = end
+    return out
+
+
+def ffn_on(gemm):
+    """Exercise 3 built on a grouped GEMM: the up projection, GELU, the down projection."""
+    def expert_ffn(xs, params, offs):
+        return gemm(F.gelu(gemm(xs, params["w_up"], offs)), params["w_down"], offs)
+    return expert_ffn
 
 
 def gemm_second_solution(xs, w, offs):
@@ -1312,6 +1366,31 @@ def quantize_zero_row_nan(w, bits=8):
     qmax = 2 ** (bits - 1) - 1
     scales = w.abs().amax(dim=1) / qmax
     return torch.clamp(torch.round(w / scales[:, None]), -qmax, qmax).nan_to_num(7).to(torch.int8), scales.float()
+
+
+def quantize_nan_cast(w, bits=8):
+    # divides a zero row by its zero scale: the NaN codes happen to become 0 in torch.int8 on this CPU
+    qmax = 2 ** (bits - 1) - 1
+    scales = w.float().abs().amax(dim=1) / qmax
+    return torch.clamp(torch.round(w.float() / scales[:, None]), -qmax, qmax).to(torch.int8), scales
+
+
+def quantize_eps_scale(w, bits=8):
+    # keeps 0 / 0 away with an eps in the scale: a zero row's scale is 1e-8, not 0
+    qmax = 2 ** (bits - 1) - 1
+    scales = (w.float().abs().amax(dim=1) / qmax).clamp(min=1e-8)
+    return torch.clamp(torch.round(w.float() / scales[:, None]), -qmax, qmax).to(torch.int8), scales
+
+
+def quantize_in_weight_dtype(widen):
+    """quantize_weight computed in the weight's dtype; widen: the scales cast to float32 on return."""
+    def quantize_weight(w, bits=8):
+        qmax = 2 ** (bits - 1) - 1
+        scales = w.abs().amax(dim=1) / qmax
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+        codes = torch.clamp(torch.round(w / safe[:, None]), -qmax, qmax).to(torch.int8)
+        return codes, scales.float() if widen else scales
+    return quantize_weight
 
 
 def quantize_truncates(w, bits=8):
@@ -1981,6 +2060,22 @@ def accumulate_one_backward(model, x, y, micro):
     total.backward()
 
 
+def accumulate_forwards_first(model, x, y, micro):
+    # one backward per chunk, but every chunk's forward first: all their activations alive at once
+    model.zero_grad(set_to_none=True)
+    losses = [F.mse_loss(model(xs), ys) * (xs.shape[0] / x.shape[0]) for xs, ys in zip(x.chunk(micro), y.chunk(micro))]
+    for loss in losses:
+        loss.backward()
+
+
+def accumulate_retain_graph(model, x, y, micro):
+    # backward inside the loop with retain_graph=True "to be safe": each chunk's activations outlive its backward
+    model.zero_grad(set_to_none=True)
+    for xs, ys in zip(x.chunk(micro), y.chunk(micro)):
+        loss = F.mse_loss(model(xs), ys) * (xs.shape[0] / x.shape[0])
+        loss.backward(retain_graph=True)
+
+
 # Correct solutions written differently from the notebook's: each must get full marks.
 
 def predicted_bytes_second(model):
@@ -2082,6 +2177,28 @@ def first_difference_nan_always(a, b, rtol=0.0):
         if any(p != p or q != q or abs(p - q) > rtol * max(abs(p), abs(q)) for p, q in zip(ha, hb)):
             return i
     return None
+
+
+def first_difference_by(differ):
+    """first_difference with the op names checked and each pair of hashes judged by differ(p, q, rtol)."""
+    def first_difference(a, b, rtol=0.0):
+        if [n for n, _ in a] != [n for n, _ in b]:
+            raise ValueError("the traces dispatched different ops")
+        for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
+            if any(differ(p, q, rtol) for p, q in zip(ha, hb)):
+                return i
+        return None
+    return first_difference
+
+
+# NaN handled, but an infinite hash goes through the relative test: |inf - x| > rtol * inf is never true
+first_difference_inf_blind = first_difference_by(
+    lambda p, q, rtol: math.isnan(p) != math.isnan(q) or abs(p - q) > rtol * max(abs(p), abs(q)))
+# the relative difference as a quotient: 0 / 0 (two hashes of 0) raises ZeroDivisionError
+first_difference_divides = first_difference_by(
+    lambda p, q, rtol: math.isnan(p) != math.isnan(q) or
+    (not (math.isnan(p) or math.isnan(q)) and (p != q if math.isinf(p) or math.isinf(q) else
+                                                abs(p - q) / max(abs(p), abs(q)) > rtol)))
 
 
 def normalize_eps_outside(v, eps=1e-12):
@@ -2197,9 +2314,9 @@ def first_difference_second(a, b, rtol=0.0):
         raise ValueError("different programs")
     for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
         for p, q in zip(ha, hb):
-            if p != p and q != q:
+            if p == q or (p != p and q != q):
                 continue
-            if not abs(p - q) <= rtol * max(abs(p), abs(q)):
+            if abs(p) == float("inf") or abs(q) == float("inf") or not abs(p - q) <= rtol * max(abs(p), abs(q)):
                 return i
     return None
 
@@ -2645,6 +2762,8 @@ WRONG = [
     Wrong(L00, "softmax", "calls-torch", softmax_calls_torch, "large values, last dim", FORBIDDEN_HINT),
     Wrong(L00, "softmax", "unmasked", softmax_unmasked, "a fully masked row gives zeros", "Not NaN"),
     Wrong(L00, "softmax", "finite-mask", softmax_finite_mask, "a fully masked row gives zeros", "and not 1/n"),
+    Wrong(L00, "softmax", "float32-stand-ins", softmax_float32_stand_ins, "a fully masked row in float16",
+          "is -inf or 0 in float16"),
     Wrong(L00, "softmax", "fixed-device", softmax_fixed_device,
           "runs on any device, keeps the dtype (a float64 meta tensor)", "never on a fixed device"),
     Wrong(L00, "softmax", "python-branch", softmax_python_branch,
@@ -2686,6 +2805,8 @@ WRONG = [
           "prefetch=None: the read-ahead you derived", "more than 2 x workers in memory"),
     Wrong(L01, "ordered_map", "prefetch-one", ordered_map_one_ahead, "prefetch=None: the read-ahead you derived",
           "waited idle through the step"),
+    Wrong(L01, "ordered_map", "keeps-every-future", ordered_map_keeps_futures,
+          "prefetch=None: the read-ahead you derived", "still held by the loader"),
     Wrong(L01, "ordered_map", "seed-ignored", ordered_map_seed_zero,
           "item i is seeded with data.item_generator(seed, i)", "a new generator per item"),
     Wrong(L01, "ordered_map", "one-shared-rng", ordered_map_one_rng,
@@ -2771,6 +2892,12 @@ WRONG = [
           "4 experts, counts [10, 10, 10, 10], torch.float32", FORBIDDEN_HINT),
     Wrong(L03, "fallback_grouped_gemm", "empty-tail", gemm_empty_tail,
           "4 experts own 36 of 48 rows", "their output rows must be 0"),
+    Wrong(L03, "fallback_grouped_gemm", "every-expert-every-row", gemm_every_expert_every_row,
+          f"{OWN_ROWS_FLOPS_CASE} (4 experts, counts [10, 10, 10, 10], torch.float32)", "num_experts times the work"),
+    Wrong(L03, "fallback_grouped_gemm", "multiply-and-sum", gemm_multiply_and_sum,
+          f"{OWN_ROWS_FLOPS_CASE} (4 experts, counts [10, 10, 10, 10], torch.float32)", "is no matmul"),
+    Wrong(L03, "expert_ffn", "every-expert-every-row", ffn_on(gemm_every_expert_every_row),
+          f"{OWN_ROWS_FLOPS_CASE} (4 experts, counts [47, 11, 4, 2])", "num_experts times the work"),
     Wrong(L03, "expert_ffn", "padded-helper", ffn_padded_helper, "4 experts, counts [47, 11, 4, 2]", FORBIDDEN_HINT),
     Wrong(L03, "expert_ffn", "padded-by-hand", ffn_padded_by_hand, "4 experts, counts [47, 11, 4, 2]", FORBIDDEN_HINT),
     Wrong(L03, "expert_ffn", "relu", ffn_relu, "4 experts, counts [47, 11, 4, 2]", "up-projection, GELU"),
@@ -2843,6 +2970,14 @@ WRONG = [
           "not 127 whatever bits says"),
     Wrong(L05, "quantize_weight", "zero-row", quantize_zero_row_nan, "a row of zeros: scale 0, codes 0, no NaN",
           "do not divide 0 by 0"),
+    Wrong(L05, "quantize_weight", "zero-row-nan-cast", quantize_nan_cast, "a row of zeros: no NaN becomes a code",
+          "what NaN becomes in torch.int8 depends on the CPU"),
+    Wrong(L05, "quantize_weight", "eps-in-scale", quantize_eps_scale, "a row of zeros: its scale is exactly 0",
+          "not a small eps"),
+    Wrong(L05, "quantize_weight", "scales-in-weight-dtype", quantize_in_weight_dtype(widen=False),
+          "a bfloat16 weight: float32 scales", "float32 whatever the weight's dtype"),
+    Wrong(L05, "quantize_weight", "scales-widened-late", quantize_in_weight_dtype(widen=True),
+          "a bfloat16 weight: the scales' values", "even if widened afterwards"),
     Wrong(L05, "quantize_weight", "truncates", quantize_truncates, "codes are rounded, not truncated",
           "truncates towards zero: round first"),
     Wrong(L05, "quantize_weight", "calls-quantize-per-channel", quantize_calls_torch, "one fp32 scale per row",
@@ -2967,6 +3102,10 @@ WRONG = [
           "clearing the gradients inside the loop"),
     Wrong(L07, "accumulate_grads", "one-backward", accumulate_one_backward, "one backward per chunk",
           "backward ran fewer times than there are chunks"),
+    Wrong(L07, "accumulate_grads", "forwards-first", accumulate_forwards_first,
+          "one chunk's activations alive at a time (4 chunks of 32 rows)", "forwards run ahead of their backwards"),
+    Wrong(L07, "accumulate_grads", "retain-graph", accumulate_retain_graph,
+          "one chunk's activations alive at a time (4 chunks of 32 rows)", "or a graph retained"),
 
     Wrong(L08, "first_difference", "absolute-tolerance", first_difference_absolute,
           "rtol is relative, not absolute (hashes near 1e6)", "larger than rtol times the larger of their magnitudes"),
@@ -2979,6 +3118,10 @@ WRONG = [
     Wrong(L08, "first_difference", "ge-not-gt", first_difference_ge, "identical traces", "there is no index to return"),
     Wrong(L08, "first_difference", "nan-blind", first_difference_nan_blind, "a NaN in one trace differs from a number",
           "a NaN compares False with everything"),
+    Wrong(L08, "first_difference", "inf-blind", first_difference_inf_blind, "an infinite hash against a finite one",
+          "a relative test never fires there"),
+    Wrong(L08, "first_difference", "divides", first_difference_divides,
+          "hashes of 0 in both traces, a difference after them", "divides by 0 there"),
     Wrong(L08, "first_difference", "nan-always-differs", first_difference_nan_always,
           "NaN in both traces is not a difference", "the two runs agree when both hashes are NaN"),
     Wrong(L08, "safe_normalize", "eps-outside", normalize_eps_outside, "a larger eps",
@@ -3219,7 +3362,8 @@ def test_solution_notebook_passes_every_case(lab, function, request, tmp_path):
     (L00, softmax_last_dim_only, "softmax", "use the dim argument"),
     (L03, permute_counts_not_offsets, "permute_tokens", "not the count of each expert"),
     (L07, accumulate_divided_by_micro, "accumulate_grads", "dividing by the number of chunks"),
-], ids=["softmax", "permute_tokens", "accumulate_grads"])
+    (L03, permute_bincount, "permute_tokens", "reads back to the host: aten::bincount"),
+], ids=["softmax", "permute_tokens", "accumulate_grads", "permute_tokens-names-the-host-read"])
 def test_check_raises_the_hint(lab, fn, function, hint, capsys):
     with pytest.raises(CheckFailed) as failed:
         check(lab, fn, function=function)

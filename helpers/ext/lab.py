@@ -18,7 +18,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from helpers.checks import fail, passed
+from helpers.checks import distinct, fail, passed
 from helpers.ext import NAMESPACE, SOURCES, BuildError, Built, build_and_load
 
 TEMPLATE = (SOURCES / "silu_mul_cpu_template.cpp").read_text()
@@ -126,8 +126,9 @@ def _compare(op, gate, up, what, case):
     bad = ~torch.isclose(out.double(), expected.double(), atol=atol, rtol=rtol)
     if bad.any():
         i = int(bad.flatten().nonzero()[0])
+        got, want = distinct(out.flatten()[i].item(), expected.flatten()[i].item())
         fail(what, f"on {case}: {int(bad.sum())} of {out.numel()} values differ, first at flat index {i}: "
-                   f"got {out.flatten()[i].item():.6g}, expected {expected.flatten()[i].item():.6g}",
+                   f"got {got}, expected {want} in {expected.dtype}",
              "loop i from begin to end (not 0 to n: each call gets one chunk [begin, end)); convert gate[i] "
              "and up[i] to acc_t, compute silu(g) * u there, and convert the result to scalar_t once")
 

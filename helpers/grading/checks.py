@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 from concurrent.futures import thread as futures_thread
 from typing import Callable
 
@@ -289,12 +290,15 @@ META_REFUSALS = (("cannot be called on meta tensors", ".item(), int(), float(), 
                  ("same device", "a tensor made on another device inside the function (give it device=)"))
 
 
-def host_reads_of(fn, *args, **kwargs) -> list[str]:
+NO_HOST_READS = "nothing read back to the host"
+
+
+def host_reads_of(fn, *args, **kwargs) -> str:
     """What fn needs from its tensors' values on the host (each a sync on a GPU), found by running it on the meta
     device, where tensors have shapes but no data: .item(), int(), an `if` on a tensor, .tolist(), and every op
     whose output size depends on the data (bincount, nonzero, unique, ...) cannot run there. The same answer on
     every device, decided by what fn needs, not by which op it calls: F.one_hot(ids, n) needs nothing,
-    torch.unique(return_counts=True) needs the data. [] when fn runs on meta."""
+    torch.unique(return_counts=True) needs the data. NO_HOST_READS when fn runs on meta, else what it read."""
     from torch.utils._pytree import tree_map
     on_meta = tree_map(lambda v: v.to("meta") if isinstance(v, torch.Tensor) else v, (args, kwargs))
     try:
@@ -303,9 +307,9 @@ def host_reads_of(fn, *args, **kwargs) -> list[str]:
         message = str(exc)
         op = re.search(r"(aten::\w+)", message)
         named = next((what for text, what in META_REFUSALS if text in message), None)
-        return [named or (f"{op.group(1)} (its output size depends on the data)" if op else
-                          f"{type(exc).__name__} on the meta device: {message[:120]}")]
-    return []
+        return "reads back to the host: " + (named or (f"{op.group(1)} (its output size depends on the data)" if op
+                                                       else f"{type(exc).__name__} on the meta device: {message[:120]}"))
+    return NO_HOST_READS
 
 
 def uninitialized_is_nan(fn, *args, **kwargs):
@@ -530,12 +534,20 @@ DEFAULT_READ_AHEAD_OK = "every worker had an item while a result was held, at mo
 def default_read_ahead(fn, n, workers, seed) -> str:
     """ordered_map without a prefetch, consumed as a training loop would: while the loop holds result j, the
     items taken and not yet yielded are all the workers can run (the generator is suspended), so each must
-    be at least `workers` while the stream has more; and at most 2 x workers items may be held at once."""
-    pulled, left, most = [0], [], 0
-    for j, _ in enumerate(fn(_lab01_transform, _lab01_items(n, pulled), workers, seed=seed)):
+    be at least `workers` while the stream has more; at most 2 x workers items may be held at once; and the
+    results the loop already took and dropped are not kept alive by the loader, beyond what a local variable
+    holds until it is reassigned (the generator's last one, one per worker thread)."""
+    pulled, left, most, kept, taken = [0], [], 0, 0, []
+    for j, result in enumerate(fn(_lab01_transform, _lab01_items(n, pulled), workers, seed=seed)):
+        kept = max(kept, sum(ref() is not None for ref in taken[:-1]))
         most = max(most, pulled[0] - j)
         if pulled[0] < n:                    # the stream has more: a worker without an item waits idle
             left.append(pulled[0] - (j + 1))
+        taken.append(weakref.ref(result))
+        del result                           # the loop is done with it
+    if kept > workers:
+        return (f"{kept} results the training loop had already taken were still held by the loader: memory grows "
+                f"with every item unless the loader lets go of a result once it is yielded")
     if left and min(left) < workers:
         return (f"while the training loop held a result, {min(left)} item(s) were left to run for {workers} "
                 f"workers: {workers - min(left)} worker(s) waited idle through the step")
@@ -645,6 +657,50 @@ def triton_launch(fn, xs):
         if own_grid is not missing:
             namespace["combo_grid"] = own_grid
     return [o.cpu() if isinstance(o, torch.Tensor) else o for o in out] if isinstance(out, (list, tuple)) else out
+
+
+# lab 03: mixture of experts
+
+FLOPS_SLACK = 1.5        # how many times the FLOPs of each expert on its own rows a right answer may do
+OWN_ROWS_FLOPS = "matmul FLOPs of each expert on its own rows (within 1.5x)"
+
+
+def _grouped_mm_flops(a, b, *args, offs=None, out_val=None, **kwargs) -> int:
+    """F.grouped_mm's FLOPs, which torch's counter does not count: with offs, each group's rows times its
+    expert's [K, N]; otherwise (batched) each output element's K products."""
+    if offs is not None and a.dim() == 2 and b.dim() == 3:
+        return 2 * int(offs[-1]) * a.shape[1] * b.shape[2]
+    return 2 * out_val.numel() * a.shape[-1]
+
+
+_grouped_mm_flops._get_raw = True     # the counter passes tensors (offs' values), not only shapes
+
+
+def _matmul_flops(run: Callable[[], object]) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False, custom_mapping={torch.ops.aten._grouped_mm: _grouped_mm_flops}) as counter:
+        run()
+    return counter.get_total_flops()
+
+
+def _flops_verdict(flops: int, needed: int) -> str:
+    """OWN_ROWS_FLOPS, or how far the FLOPs counted are from `needed` (each expert on its own rows)."""
+    if needed <= flops <= FLOPS_SLACK * needed:
+        return OWN_ROWS_FLOPS
+    return f"{flops / needed:.2f}x the matmul FLOPs of each expert on its own rows"
+
+
+def grouped_gemm_flops(fn, xs, w, offs) -> str:
+    """Exercise 2's cost: the FLOPs fn's matmuls do, against one [rows, K] x [K, N] per expert."""
+    return _flops_verdict(_matmul_flops(lambda: fn(xs, w, offs)), 2 * int(offs[-1]) * w.shape[1] * w.shape[2])
+
+
+def expert_ffn_flops(fn, xs, params, offs) -> str:
+    """Exercise 3's cost: the FLOPs fn's matmuls do, against the up and the down projection of each expert's
+    own rows."""
+    _, k, hidden = params["w_up"].shape
+    needed = 2 * int(offs[-1]) * (k * hidden + hidden * params["w_down"].shape[2])
+    return _flops_verdict(_matmul_flops(lambda: fn(xs, params, offs)), needed)
 
 
 # lab 04: the C++ custom op
@@ -891,6 +947,38 @@ def record_declarations(fn) -> str:
 
 
 # lab 05: quantization
+
+class _FloatToIntegerCasts(torch.utils._python_dispatch.TorchDispatchMode):
+    """The integer dtypes that a floating tensor holding NaN or an infinity was converted to: what such a
+    value becomes depends on the CPU and the kernel (0 here, -128 there), so a right answer never casts one."""
+
+    CASTS = ("_to_copy", "copy_")
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in self.CASTS:
+            source = args[1] if func.overloadpacket.__name__ == "copy_" else args[0]
+            if source.is_floating_point() and not (out.is_floating_point() or out.is_complex() or
+                                                   out.dtype == torch.bool) and not source.isfinite().all():
+                self.dtypes.append(str(out.dtype))
+        return out
+
+
+def non_finite_cast_to_integer(fn, *args, **kwargs) -> str:
+    with _FloatToIntegerCasts() as casts:
+        fn(*args, **kwargs)
+    if casts.dtypes:
+        return f"NaN or an infinity converted to {casts.dtypes[0]}"
+    return "no NaN or infinity converted to an integer"
+
+
+def dtype_of_second(fn, *args, **kwargs) -> str:
+    return str(fn(*args, **kwargs)[1].dtype)
+
 
 class ChannelScale(nn.Module):
     """Multiplies each channel by a fixed factor (like a normalization layer's weight)."""
@@ -1199,15 +1287,20 @@ def predict_for(fn, width, depth, frozen, dtype):
     return fn(memory_lab_model(width, depth, frozen, dtype))
 
 
-def accumulated_grads(fn, width, depth, batch, micro, seed, stale_grads=False):
-    """fn(model, x, y, micro) on a fresh model; the gradients it leaves (a list, None where absent).
-    stale_grads: the parameters start with gradients from an earlier step."""
+def _accumulation_problem(width, depth, batch, seed):
+    """Exercise 3's model (memory.mlp) and batch (x, y), made from `seed`."""
     from helpers.memory import mlp
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = mlp(width, depth)
-    x, y = torch.randn(batch, width, generator=gen), torch.randn(batch, 1, generator=gen)
+    return model, torch.randn(batch, width, generator=gen), torch.randn(batch, 1, generator=gen)
+
+
+def accumulated_grads(fn, width, depth, batch, micro, seed, stale_grads=False):
+    """fn(model, x, y, micro) on a fresh model; the gradients it leaves (a list, None where absent).
+    stale_grads: the parameters start with gradients from an earlier step."""
+    model, x, y = _accumulation_problem(width, depth, batch, seed)
     if stale_grads:
         for p in model.parameters():
             p.grad = torch.ones_like(p)
@@ -1230,12 +1323,7 @@ def only_last_chunk_counts(fn, width, depth, batch, micro, seed) -> bool:
 def accumulations_per_parameter(fn, width, depth, batch, micro, seed) -> int:
     """How many times a backward pass reached the first parameter while fn ran: one per chunk when
     backward() is called inside the loop, 1 when the chunks' losses are summed first."""
-    from helpers.memory import mlp
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = mlp(width, depth)
-    gen = torch.Generator().manual_seed(seed)
-    x, y = torch.randn(batch, width, generator=gen), torch.randn(batch, 1, generator=gen)
+    model, x, y = _accumulation_problem(width, depth, batch, seed)
     calls = []
     handle = next(model.parameters()).register_post_accumulate_grad_hook(lambda p: calls.append(1))
     try:
@@ -1243,6 +1331,69 @@ def accumulations_per_parameter(fn, width, depth, batch, micro, seed) -> int:
     finally:
         handle.remove()
     return len(calls)
+
+
+class _SavedActivations:
+    """Bytes of the storages that tensors saved for backward hold, while they are held (saved-tensor hooks),
+    and their peak; the storages of `given` tensors (the parameters, the batch) are not activations."""
+
+    def __init__(self, given):
+        self.given = {t.untyped_storage().data_ptr() for t in given}
+        self.holders, self.live, self.peak = {}, 0, 0
+
+    def pack(self, t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() in self.given:
+            return t
+        return _Held(t, storage.data_ptr(), storage.nbytes(), self)
+
+    def change(self, ptr, nbytes, by):
+        held = self.holders.get(ptr, 0)
+        self.holders[ptr] = held + by
+        if (held == 0) != (held + by == 0):           # a storage saved for the first time, or released
+            self.live += nbytes * by
+            self.peak = max(self.peak, self.live)
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, _unpack)
+
+
+def _unpack(held):
+    return held.t if isinstance(held, _Held) else held
+
+
+class _Held:
+    """A saved tensor, counted while autograd holds it (released after its backward)."""
+
+    def __init__(self, t, ptr, nbytes, saved):
+        self.t, self.ptr, self.nbytes, self.saved = t, ptr, nbytes, saved
+        saved.change(ptr, nbytes, 1)
+
+    def __del__(self):
+        self.saved.change(self.ptr, self.nbytes, -1)
+
+
+def _saved_activation_peak(fn, width, depth, batch, micro, seed) -> int:
+    model, x, y = _accumulation_problem(width, depth, batch, seed)
+    saved = _SavedActivations([*model.parameters(), x, y])
+    with saved.hooks():
+        fn(model, x, y, micro)
+    return saved.peak
+
+
+ONE_CHUNK_SAVED = "one chunk's activations saved for backward at a time"
+
+
+def activations_of_one_chunk(fn, width, depth, batch, micro, seed) -> str:
+    """Whether the activations fn's chunks save for backward peak at about one chunk's share of those of the
+    whole batch in one chunk (within 1.5x): what running each chunk's backward before the next forward gives."""
+    whole = _saved_activation_peak(fn, width, depth, batch, 1, seed)
+    chunked = _saved_activation_peak(fn, width, depth, batch, micro, seed)
+    largest = math.ceil(batch / micro)            # x.chunk's largest chunk
+    if chunked <= 1.5 * whole * largest / batch:
+        return ONE_CHUNK_SAVED
+    return (f"the activations saved for backward peaked at {chunked / whole:.2f} of the whole batch's, with chunks "
+            f"of at most {largest} of its {batch} rows")
 
 
 def _gated_blocks(width, depth, policy, seed=0):

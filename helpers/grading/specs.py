@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from helpers.grading.checks import DEFAULT_READ_AHEAD_OK
+from helpers.grading.checks import DEFAULT_READ_AHEAD_OK, NO_HOST_READS
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,9 @@ def _softmax_cases(gen: torch.Generator) -> list[Case]:
     empty = ("in a fully masked row the maximum is -inf and every exp(x) is 0: no probability is left to "
              "share out, so every entry is 0. Not NaN (-inf minus -inf, or 0 / 0), and not 1/n (what a "
              "large finite stand-in for -inf gives): decide what to subtract and what to divide by there")
+    half = ("float16 holds no magnitude above 65504 and none below about 6e-8 but 0: a stand-in sized for "
+            "float32 (a huge negative for -inf, a tiny eps against 0 / 0) is -inf or 0 in float16, and the fully "
+            "masked row is NaN again")
     device = ("build every new tensor from x (zeros_like, a Python number, x.new_...), never on a fixed "
               "device, and never read a value back to Python (bool(), .item(), an `if` on a tensor): the "
               "check runs your function on the meta device, which has no values, as an accelerator would "
@@ -78,6 +81,7 @@ def _softmax_cases(gen: torch.Generator) -> list[Case]:
         Case("large values, last dim", (x,), hint="subtract x.amax(dim, keepdim=True) before exp"),
         Case("along dim 0", (x,), {"dim": 0}, hint="use the dim argument in every reduction, with keepdim=True"),
         Case("a fully masked row gives zeros", (masked,), hint=empty),
+        Case("a fully masked row in float16", (masked.half(),), atol=2e-3, rtol=1e-2, hint=half),
         Case("runs on any device, keeps the dtype (a float64 meta tensor)", (x.double(),),
              call="softmax_on_meta", hint=device),
         Case("3-D input along dim 1", (torch.randn(2, 3, 5, generator=gen) * 10,), {"dim": 1}, hidden=True,
@@ -87,6 +91,8 @@ def _softmax_cases(gen: torch.Generator) -> list[Case]:
         Case("huge values (1e4) do not overflow", (torch.randn(2, 6, generator=gen) * 1e4,), hidden=True,
              hint="exp(1e4) is inf in any float type: subtract the maximum first"),
         Case("a fully masked slice along dim 1, float64", (masked_3d,), {"dim": 1}, hidden=True, hint=empty),
+        Case("a fully masked slice along dim 1, float16", (masked_3d.half(),), {"dim": 1}, hidden=True, atol=2e-3,
+             rtol=1e-2, hint=half),
         Case("any device, 3-D bfloat16 along dim 0", (torch.randn(3, 2, 5, generator=gen).bfloat16(),),
              {"dim": 0}, call="softmax_on_meta", hidden=True, hint=device),
     ]
@@ -384,7 +390,7 @@ def _permute_cases(gen):
         Case("offs is torch.int32", (x12, ids, 4), call="dtype_of_third", hint=int32),
         Case("experts 2..5 get no token: 6 offsets", trail, call="third_as_int64", hint=trailing),
         Case("nothing is read back to the host (no sync on a GPU)", (x12, ids, 4), call="host_reads_of",
-             expected=[], expect_value=True, hint=sync),
+             expected=NO_HOST_READS, expect_value=True, hint=sync),
         Case("k=1, random experts", (torch.randn(9, 4, generator=gen), torch.randint(0, 3, (9, 1), generator=gen), 3),
              hint=ends),
         Case("every token to one expert", (torch.randn(5, 3, generator=gen), torch.full((5, 2), 1), 4), hidden=True,
@@ -397,7 +403,7 @@ def _permute_cases(gen):
              call="second", hidden=True, hint=order),
         Case("no host reads, k=1, 7 experts", (torch.randn(9, 4, generator=gen),
                                                torch.randint(0, 7, (9, 1), generator=gen), 7),
-             call="host_reads_of", expected=[], expect_value=True, hidden=True, hint=sync),
+             call="host_reads_of", expected=NO_HOST_READS, expect_value=True, hidden=True, hint=sync),
     ]
 
 
@@ -434,7 +440,21 @@ def _fallback_cases(gen):
             torch.randn(rows, 16, generator=gen), torch.randn(len(counts), 16, 8, generator=gen),
             offsets_from_counts(torch.tensor(counts))), hidden=hidden, atol=1e-4, rtol=1e-3,
             call="uninitialized_is_nan", hint=tail))
-    return cases
+    return cases + _own_rows_cost_cases(cases, "grouped_gemm_flops")
+
+
+OWN_ROWS_COST = ("each expert's matmul takes that expert's rows only: multiplying every row by every expert's "
+                 "weight (then keeping each row's own expert) does num_experts times the work, and so does padding "
+                 "every expert to the same rows; a product written as a multiply and a sum is no matmul")
+
+
+def _own_rows_cost_cases(cases, call):
+    """The FLOPs the matmuls do (counted by torch.utils.flop_counter) against each expert on its own rows: on
+    the first visible case's inputs, and hidden on the last hidden case's."""
+    visible = next(c for c in cases if not c.hidden)
+    hidden = [c for c in cases if c.hidden][-1]
+    return [Case(f"the FLOPs of each expert on its own rows, no more ({c.name})", c.args, hidden=c.hidden, call=call,
+                 hint=OWN_ROWS_COST) for c in (visible, hidden)]
 
 
 def _expert_ffn(xs, params, offs):
@@ -453,7 +473,7 @@ def _expert_ffn_cases(gen):
         cases.append(Case(f"{experts} experts, counts {counts.tolist()}",
                           (torch.randn(rows, 16, generator=gen), params, offsets_from_counts(counts)),
                           hidden=hidden, atol=1e-4, rtol=1e-3, hint=hint))
-    return cases
+    return cases + _own_rows_cost_cases(cases, "expert_ffn_flops")
 
 
 # --- Lab 04: the C++ custom op --------------------------------------------------------------------
@@ -615,9 +635,10 @@ def _record_schema_cases(gen):
 
 def _quantize_weight(w, bits=8):
     qmax = 2 ** (bits - 1) - 1
+    w = w.float()
     scales = w.abs().amax(dim=1) / qmax
     q = torch.where(scales[:, None] > 0, w / scales.clamp(min=torch.finfo(w.dtype).tiny)[:, None], 0.0)
-    return torch.clamp(torch.round(q), -qmax, qmax).to(torch.int8), scales.float()
+    return torch.clamp(torch.round(q), -qmax, qmax).to(torch.int8), scales
 
 
 def _quantize_weight_cases(gen):
@@ -627,6 +648,11 @@ def _quantize_weight_cases(gen):
              "whatever bits says); stored as torch.int8")
     zero = w.clone()
     zero[3] = 0
+    two_zero_rows = zero * torch.tensor([0.0 if i in (0, 3) else 1.0 for i in range(16)])[:, None]
+    nan = ("0 / 0 is NaN, and what NaN becomes in torch.int8 depends on the CPU: where a row's scale is 0, "
+           "make its codes 0 without dividing by that 0")
+    fp32 = ("the scales are float32 whatever the weight's dtype, and computed in float32: a scale divided in "
+            "bfloat16 or float16, even if widened afterwards, has lost bits that the int8 kernel's scales keep")
     return [
         Case("one fp32 scale per row", (w,), call="second", hint="a row's scale maps its largest magnitude to "
              "qmax: reduce over the inputs (the last dim), one value per output row, not one for the tensor"),
@@ -638,9 +664,17 @@ def _quantize_weight_cases(gen):
         Case("bits=4: codes in [-7, 7]", (w,), {"bits": 4}, call="first_as_float", atol=1.0, rtol=0, hint=codes),
         Case("a row of zeros: scale 0, codes 0, no NaN", (zero,), call="first_as_float", atol=1.0,
              rtol=0, hint="where a row's scale is 0 its codes are 0: do not divide 0 by 0"),
-        Case("two rows of zeros, bits=4", (zero * torch.tensor([0.0 if i in (0, 3) else 1.0 for i in range(16)])[:, None],),
-             {"bits": 4}, call="first_as_float", hidden=True, atol=1.0, rtol=0,
-             hint="where a row's scale is 0 its codes are 0: do not divide 0 by 0"),
+        Case("a row of zeros: no NaN becomes a code", (zero,), call="non_finite_cast_to_integer", hint=nan),
+        Case("a row of zeros: its scale is exactly 0", (zero,), call="second", atol=0.0,
+             hint="a row of zeros has scale 0, not a small eps: an eps kept in the scale is a row that is not there"),
+        Case("a bfloat16 weight: float32 scales", (w.bfloat16(),), call="dtype_of_second", hint=fp32),
+        Case("a bfloat16 weight: the scales' values", (w.bfloat16(),), call="second", hint=fp32),
+        Case("two rows of zeros, bits=4", (two_zero_rows,), {"bits": 4}, call="first_as_float", hidden=True, atol=1.0,
+             rtol=0, hint="where a row's scale is 0 its codes are 0: do not divide 0 by 0"),
+        Case("two rows of zeros, bits=4: no NaN becomes a code", (two_zero_rows,), {"bits": 4},
+             call="non_finite_cast_to_integer", hidden=True, hint=nan),
+        Case("a float16 weight: float32 scales", (w.half(),), call="dtype_of_second", hidden=True, hint=fp32),
+        Case("a float16 weight: the scales' values", (w.half(),), call="second", hidden=True, hint=fp32),
         Case("rows 1000x apart", (torch.randn(4, 8, generator=gen) * torch.tensor([[1e-3], [1.0], [1e3], [1.0]]),),
              call="second", hidden=True, hint="one scale per row, not per tensor"),
         Case("bits=2", (w,), {"bits": 2}, call="first_as_float", hidden=True, atol=1.0, rtol=0, hint=codes),
@@ -987,6 +1021,9 @@ def _accumulate_cases(gen):
     once = ("backward ran fewer times than there are chunks: summing the chunks' losses and calling backward "
             "once keeps every chunk's activations alive until the end, the memory accumulation is meant to save. "
             "Call backward on each chunk's loss inside the loop")
+    ahead = ("a forward keeps the activations its backward needs until that backward runs: forwards run ahead of "
+             "their backwards (the losses kept for later, or a graph retained) hold several chunks' activations at "
+             "once, the memory accumulation is meant to save")
     return [
         Case("4 equal chunks", (16, 2, 32, 4, seed), call="accumulated_grads", atol=1e-5, hint=weights),
         Case("a batch that 4 does not divide (10 rows)", (16, 2, 10, 4, seed), call="accumulated_grads", atol=1e-5,
@@ -997,25 +1034,36 @@ def _accumulate_cases(gen):
              expected=False, expect_value=True, hint=last),
         Case("one backward per chunk", (16, 2, 10, 4, seed), call="accumulations_per_parameter", expected=4,
              expect_value=True, hint=once),
+        Case("one chunk's activations alive at a time (4 chunks of 32 rows)", (16, 2, 32, 4, seed),
+             call="activations_of_one_chunk", hint=ahead),
         Case("one chunk", (8, 3, 9, 1, seed), call="accumulated_grads", atol=1e-5, hidden=True, hint=weights),
         Case("7 rows in 3 chunks", (12, 2, 7, 3, seed), call="accumulated_grads", atol=1e-5, hidden=True, hint=unequal),
         Case("stale gradients, 7 rows in 3 chunks", (12, 2, 7, 3, seed + 1), {"stale_grads": True},
              call="accumulated_grads", atol=1e-5, hidden=True, hint=stale),
         Case("one backward per chunk, 3 chunks", (12, 2, 7, 3, seed), call="accumulations_per_parameter", expected=3,
              expect_value=True, hidden=True, hint=once),
+        Case("one chunk's activations alive at a time, 7 rows in 3 chunks", (12, 2, 7, 3, seed),
+             call="activations_of_one_chunk", hidden=True, hint=ahead),
     ]
 
 
 # --- Lab 08: debugging ---------------------------------------------------------------------------
 
-def _first_difference(a, b, rtol=0.0):
+def _hashes_differ(p, q, rtol):
     import math
+    if math.isnan(p) or math.isnan(q):
+        return math.isnan(p) != math.isnan(q)
+    if math.isinf(p) or math.isinf(q):          # inf - x is inf, and so is rtol * inf: test them on their own
+        return p != q
+    return abs(p - q) > rtol * max(abs(p), abs(q))
+
+
+def _first_difference(a, b, rtol=0.0):
     if [n for n, _ in a] != [n for n, _ in b]:
         raise ValueError("the traces dispatched different ops")
     for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
-        for p, q in zip(ha, hb):
-            if math.isnan(p) != math.isnan(q) or abs(p - q) > rtol * max(abs(p), abs(q)):
-                return i
+        if any(_hashes_differ(p, q, rtol) for p, q in zip(ha, hb)):
+            return i
     return None
 
 
@@ -1032,6 +1080,12 @@ def _trace_cases(gen):
     nan = ("a NaN compares False with everything, so |p - q| > t is False when p or q is NaN: a NaN hash in one "
            "trace and a number in the other must count as a difference, tested on its own")
     scaled = [(n, tuple(h * 1e4 for h in hs)) for n, hs in trace]
+    set_at = lambda t, i, h: [(n, (h,) + hs[1:]) if k == i else (n, hs) for k, (n, hs) in enumerate(t)]  # noqa: E731
+    inf = ("an infinite hash (an overflow in that op) against a finite one, or against the other infinity, is a "
+           "difference, but |inf - x| is inf and rtol times inf is inf too (NaN when rtol is 0), so a relative "
+           "test never fires there: test infinite hashes on their own")
+    zero = ("a hash can be 0 (an op whose output is all zeros): a relative difference that divides by a hash, "
+            "or by the larger magnitude, divides by 0 there; scale rtol by the magnitude instead of dividing")
     return [
         Case("identical traces", (trace, trace), hint="when nothing differs, there is no index to return"),
         Case("the op that differs first", (trace, changed(3, 0, 1 + 1e-4)), hint=hint),
@@ -1047,6 +1101,10 @@ def _trace_cases(gen):
              hint="check every hash of an op, not only the first"),
         Case("traces of different lengths are refused", (trace, trace[:3]), raises="ValueError",
              hint="a shorter trace dispatched different ops: compare the whole list of names"),
+        Case("an infinite hash against a finite one", (trace, set_at(trace, 2, float("inf"))), {"rtol": 1e-2},
+             hint=inf),
+        Case("hashes of 0 in both traces, a difference after them", (set_at(trace, 1, 0.0),
+             set_at(changed(3, 0, 1.5), 1, 0.0)), {"rtol": 1e-2}, hint=zero),
         Case("a difference in the first op", (trace, changed(0, 1, 2.0)), hidden=True, hint=hint),
         Case("only the second hash differs, another op", (trace, changed(4, 1, 0.5)), hidden=True,
              hint="check every hash of an op, not only the first"),
@@ -1054,6 +1112,12 @@ def _trace_cases(gen):
         Case("a longer second trace is refused", (trace[:2], trace), raises="ValueError", hidden=True,
              hint="a longer trace dispatched different ops: compare the whole list of names"),
         Case("empty traces", ([], []), hidden=True, hint="nothing differs: there is no index to return"),
+        Case("-inf against inf", (set_at(trace, 3, float("-inf")), set_at(trace, 3, float("inf"))), hidden=True,
+             hint=inf),
+        Case("the same infinity in both traces is not a difference", (set_at(trace, 1, float("inf")),
+             set_at(trace, 1, float("inf"))), {"rtol": 1e-2}, hidden=True,
+             hint="the two runs agree when both hashes are the same infinity"),
+        Case("a hash of 0 against a number", (set_at(trace, 4, 0.0), trace), hidden=True, hint=zero),
     ]
 
 

@@ -102,7 +102,8 @@ check("03_moe_lab", permute_tokens)
 # A capacity-padded buffer has more rows than tokens: `offs[-1]` can be smaller than `xs.shape[0]`, and
 # the rows past it belong to no expert. `F.grouped_mm` leaves those output rows uninitialised; yours
 # must return **zeros** there (as `helpers.moe.grouped_gemm` does), so that nothing downstream reads
-# garbage. The check fills every uninitialised allocation with NaN, so a row you never write shows.
+# garbage. The check fills every uninitialised allocation with NaN, so a row you never write shows,
+# and it counts your matmuls' FLOPs (`torch.utils.flop_counter`): each expert on its own rows, no more.
 
 # %%
 def fallback_grouped_gemm(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -127,7 +128,7 @@ check("03_moe_lab", fallback_grouped_gemm)
 # busiest expert's count and runs one `bmm`. With a skewed router most of its work multiplies zeros.
 # Write `expert_ffn(xs, params, offs)` that computes the same result on each expert's own rows only:
 # no padding and no `bmm`. Your fallback from exercise 2 or `F.grouped_mm(xs, w, offs=offs)` (same
-# arguments) does each projection.
+# arguments) does each projection. The check counts the FLOPs, as in exercise 2.
 
 # %%
 def expert_ffn_padded(xs, params, offs):

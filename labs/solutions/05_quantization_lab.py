@@ -95,7 +95,7 @@ print(f"model: {sum(p.numel() for p in model_fp32.parameters()) / 1e6:.1f} M par
 # `qmax = 2**(bits - 1) - 1` (127 for 8 bits, 7 for 4), `scale = max|w_row| / qmax`, and codes
 # `round(w / scale)` clamped to [-qmax, qmax], stored as `torch.int8` whatever `bits` is (2 to 8).
 # A row of zeros gets scale 0 and codes 0: do not divide 0 by 0 (that gives NaN codes).
-# Return `(q, scales)` with `scales` as fp32 of shape [N].
+# Return `(q, scales)` with `scales` as fp32 of shape [N], computed in fp32 whatever `w`'s dtype.
 
 # %%
 def quantize_weight(w: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

@@ -154,7 +154,8 @@ for name, policy in policies.items():
 # rows, so dividing every chunk's loss by `micro` is right only when the chunks are equal; with unequal
 # chunks, the one-row chunk would count as much as a three-row one. Gradients the parameters hold from an
 # earlier step must not be added: start from none. Leave the result in `.grad` (no optimizer step).
-# Only one chunk's activations are alive at a time: call `backward()` inside the loop.
+# Only one chunk's activations are alive at a time: call `backward()` inside the loop (the check measures
+# the activations saved for backward while your function runs).
 
 # %%
 def accumulate_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int) -> None:

@@ -60,17 +60,24 @@ x = torch.randn(8, 16)
 # `debugging.hash_trace`). Return the index of the first pair whose hashes differ by a relative amount
 # larger than `rtol` (relative to the larger magnitude), or `None`. Raise `ValueError` if the op names
 # of the two traces differ. A NaN hash (a NaN somewhere in that op's output) in one trace and a number
-# in the other is a difference; two NaN hashes are not.
+# in the other is a difference; two NaN hashes are not. An infinite hash (an overflow) is a value like any
+# other: it differs from a finite one and from the other infinity. A hash can be 0.
 
 # %%
 def first_difference(a: list, b: list, rtol: float = 0.0) -> int | None:
     ### BEGIN SOLUTION
+    def differ(p, q):
+        if math.isnan(p) or math.isnan(q):
+            return math.isnan(p) != math.isnan(q)
+        if math.isinf(p) or math.isinf(q):      # |inf - x| > rtol * inf is never true: compare them as they are
+            return p != q
+        return abs(p - q) > rtol * max(abs(p), abs(q))   # a product, no division: hashes can be 0
+
     if [n for n, _ in a] != [n for n, _ in b]:
         raise ValueError("the traces dispatched different ops")
     for i, ((_, ha), (_, hb)) in enumerate(zip(a, b)):
-        for p, q in zip(ha, hb):
-            if math.isnan(p) != math.isnan(q) or abs(p - q) > rtol * max(abs(p), abs(q)):
-                return i
+        if any(differ(p, q) for p, q in zip(ha, hb)):
+            return i
     return None
     ### END SOLUTION
 
