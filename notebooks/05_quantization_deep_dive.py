@@ -579,12 +579,12 @@ print("row-wise stays accurate for every row; tensor-wise breaks down once rows 
 # quantizing the activations on every call: `quant.to_fp8` takes the absolute maximum per row, divides,
 # clamps and casts, several small kernels that each read the activations, before the matmul starts.
 #
-# The next cell, on an FP8 GPU, times one `FP8_SIZE x FP8_SIZE` weight (8192: 128 MiB in bf16, enough that
-# reading it takes real time; a GPU has that time in quick mode too) at batch rows `M` from decode (16) to
-# prefill (8192): bf16 `F.linear`; FP8 with the activations quantized beforehand (the kernel alone); FP8
-# with them quantized per call, eagerly and under `torch.compile` (`quant.time_fp8_against_bf16`). Its
-# float64 reference runs on the CPU (Intel Arc has no fp64). Without an FP8 GPU it shows the figures
-# recorded on one, labelled as such.
+# The next cell, on an FP8 GPU, times one `FP8_SIZE x FP8_SIZE` weight (`8192 x 8192` values, so many that
+# reading them takes real time; a GPU has that time in quick mode too) at batch rows `M`
+# from decode (16) to prefill (8192): bf16 `F.linear`; FP8 with the activations quantized beforehand (the
+# kernel alone); FP8 with them quantized per call, eagerly and under `torch.compile`
+# (`quant.time_fp8_against_bf16`). Its float64 reference runs on the CPU (Intel Arc has no fp64). Without an
+# FP8 GPU it shows the figures recorded on one, labelled as such.
 
 # %% tags=["predict"]
 FP8_SIZE, FP8_ROWS = 8192, (16, 128, 1024, 8192)
