@@ -1,7 +1,9 @@
 """Every gradable lab graded as a small class: the solution (full marks), the untouched student copy
-(zero), a partial one (exercise 1 only), one that crashes, one that hangs and one adversarial (all three
-in the last exercise, which no other exercise calls). The grader's scores.csv, with its seconds column,
-is the table of the closing notes."""
+(zero), a partial one (exercise 1 only); in the labs whose harness differs (threads, Triton, a C++ build,
+the warm-up), also one that crashes, one that hangs and one adversarial (all three in the last exercise,
+which no other exercise calls): the grader handles those three the same way in every lab, so the other labs
+leave them out to keep the suite's time. The grader's scores.csv, with its seconds column, is the table of
+the closing notes."""
 import copy
 import csv
 import re
@@ -19,6 +21,8 @@ from helpers.grading.specs import SPECS, spec_for
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = sorted(SPECS)
+FULL_CLASS_LABS = ("00_warmup_lab", "01_data_loading_lab", "02_fusion_lab", "04_custom_op_lab")
+FAILING_KINDS = ("crash", "hang", "adversarial")
 BLOCK = re.compile(rf"^([ \t]*){re.escape(BEGIN)}[^\n]*\n.*?^[ \t]*{re.escape(END)}[^\n]*$", re.S | re.M)
 
 HANG = "while True:\n    pass"
@@ -44,7 +48,7 @@ def with_body(source: str, body: str) -> str:
     return BLOCK.sub(lambda m: "\n".join(m.group(1) + line for line in body.splitlines()), source, count=1)
 
 
-def write_class(lab: str, folder) -> None:
+def write_class(lab: str, folder, failing_kinds=FAILING_KINDS) -> None:
     solution = nbformat.read(str(REPO / "labs" / "solutions" / f"{lab}.ipynb"), as_version=4)
     student = nbformat.read(str(REPO / "labs" / f"{lab}.ipynb"), as_version=4)
     first, last = (e.function for e in (spec_for(lab).exercises[0], spec_for(lab).exercises[-1]))
@@ -56,6 +60,8 @@ def write_class(lab: str, folder) -> None:
     nbformat.write(partial, str(folder / "partial.ipynb"))
 
     for name, body in (("crash", CRASH), ("hang", HANG), ("adversarial", READS_SOLUTION.format(lab=lab[:2]))):
+        if name not in failing_kinds:
+            continue
         nb = copy.deepcopy(solution)
         cell = nb.cells[solution_cell(solution, last)]
         cell.source = with_body(cell.source, body)
@@ -78,7 +84,7 @@ def build_lab_04_kernel() -> None:
 def graded(request, tmp_path_factory):
     lab = request.param
     folder = tmp_path_factory.mktemp(lab)
-    write_class(lab, folder)
+    write_class(lab, folder, FAILING_KINDS if lab in FULL_CLASS_LABS else ())
     if lab == "04_custom_op_lab":
         from helpers.device import capabilities
         if not (capabilities().toolchains["cxx"] and capabilities().toolchains["ninja"]):
@@ -104,11 +110,13 @@ def test_a_class_gets_the_scores_its_work_deserves(graded):
         "hang": {**full, last: 0.0},
         "adversarial": {**full, last: 0.0},
     }
-    for student, scores in expected.items():
-        assert rows[student]["scores"] == scores, (student, rows[student]["lines"])
-    assert rows["crash"]["status"].startswith("crashed")
-    assert rows["hang"]["status"] in ("ok", "timeout")
-    if rows["adversarial"]["isolation"] != "isolated":   # the guard refuses the path; isolated, it is not there
-        assert any("labs/solutions" in f for f in rows["adversarial"]["flags"]), rows["adversarial"]["flags"]
+    assert set(rows) == {*expected} - (set() if lab in FULL_CLASS_LABS else set(FAILING_KINDS))
+    for student in rows:
+        assert rows[student]["scores"] == expected[student], (student, rows[student]["lines"])
+    if lab in FULL_CLASS_LABS:
+        assert rows["crash"]["status"].startswith("crashed")
+        assert rows["hang"]["status"] in ("ok", "timeout")
+        if rows["adversarial"]["isolation"] != "isolated":   # the guard refuses the path; isolated, it is not there
+            assert any("labs/solutions" in f for f in rows["adversarial"]["flags"]), rows["adversarial"]["flags"]
     assert not rows["solution"]["flags"], rows["solution"]["flags"]
     assert all(float(r["seconds"]) > 0 for r in table)
