@@ -206,6 +206,15 @@ EMPTY_FORBIDDEN = WALK + """for entry in M.get("exercises", ()):
     for case in entry[2]:
         case[3] = ()
 """
+# the same walk with every name spelled so that no scan of the source can read it
+OBFUSCATED_WALK = """import sys
+f = getattr(sys, "_get" + "frame")()
+while "results_fd" not in getattr(f, "f_" + "locals"):
+    f = getattr(f, "f_" + "back")
+for entry in getattr(f, "f_" + "locals").get("exercises", ()):
+    for case in entry[2]:
+        case[3] = ()
+"""
 MODES_OFF = """from torch.utils._python_dispatch import _disable_current_modes
 def softmax(x, dim=-1):
     with torch._C.DisableTorchFunction(), _disable_current_modes():
@@ -229,6 +238,7 @@ ATTACKS = {
     "unaudited_process": (UNAUDITED_PROCESS, None, True),
     "other_thread": (THREAD, None, False),
     "recorder_off": (RECORDER_OFF, None, False),
+    "obfuscated_walk": ("def softmax(x, dim=-1):\n    return torch.softmax(x, dim)\n", OBFUSCATED_WALK, False),
     "patched_recorder": (PATCHED_RECORDER, None, False),
     "patched_save": (PATCHED_SAVE, None, False),
     "forged_verdict": (FORGED_VERDICT, None, False),

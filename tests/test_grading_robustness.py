@@ -207,3 +207,23 @@ def test_in_process_tricks_are_refused_or_seen():
         f"exec({code!r})\nprint(json.dumps(flags))")], capture_output=True, text=True, timeout=120)
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert any(f.startswith(RUNTIME_INTERNALS) and "f_back" in f for f in found), (found, done.stderr[-800:])
+
+
+@pytest.mark.parametrize("walk, reached", [
+    ("f = getattr(sys, '_get' + 'frame')()", "_getframe"),
+    ("try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    f = getattr(e.__traceback__, 'tb_' + 'frame')", "tb_frame"),
+    ("g = (i for i in [1])\nf = getattr(g, 'gi_' + 'frame')", "gi_frame"),
+])
+def test_a_frame_walk_spelled_so_the_scan_cannot_read_it_is_seen_when_it_runs(walk, reached):
+    """The notebook's own code reaching a frame, however the name is spelled, is flagged as run-time
+    internals (its exercises with forbidden calls go to review); a library doing the same is not."""
+    from helpers.grading.scan import RUNTIME_INTERNALS
+    done = subprocess.run([sys.executable, "-c", (
+        "import sys, json, traceback, typing\nfrom helpers.grading import sandbox\nflags = []\n"
+        "sandbox.install_guard([], flags)\ntraceback.extract_stack(); typing.NamedTuple('P', [('x', int)])\n"
+        "library_flags = list(flags)\n" + walk + "\nprint(json.dumps([library_flags, flags]))")],
+        capture_output=True, text=True, timeout=120)
+    library_flags, found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert library_flags == [], library_flags
+    assert [f for f in found if f.startswith(RUNTIME_INTERNALS)] == [f"{RUNTIME_INTERNALS} {reached} (frames)"], \
+        (found, done.stderr[-800:])

@@ -42,6 +42,9 @@ BLOCKED_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", 
                   "ctypes.call_function", "ctypes.string_at", "ctypes.wstring_at", "ctypes.addressof")
 # the object graph and other threads' frames: what would let a submission reach the grader's harness
 INTROSPECTION_EVENTS = ("sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents")
+# attributes that reach a frame (CPython audits these reads as "object.__getattr__"): read by the notebook's own
+# code at run time, however the name was spelled, they are a frame walk towards the recorder
+FRAME_ATTRIBUTES = ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code")
 PATH_EVENTS = ("open", "os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
                "os.link", "os.symlink", "os.listdir", "os.scandir", "shutil.rmtree", "shutil.copyfile",
                "shutil.move")
@@ -89,14 +92,32 @@ def install_guard(protected: list[str], flags: list[str], allow_processes: bool 
             os.path.basename(real).startswith(("specs.", "grading_specs"))
 
     sandbox_file = os.path.realpath(__file__)
-    from helpers.grading.scan import RUNTIME_INTERNALS, internals_in_source
+    import threading
+
+    from helpers.grading.scan import INTERNALS, RUNTIME_INTERNALS, internals_in_source
+    inside = threading.local()     # the hook's own sys._getframe raises an event too: not judged again
 
     def hook(event, args):
+        if getattr(inside, "hook", False):
+            return
+        inside.hook = True
+        try:
+            judge(event, args)
+        finally:
+            inside.hook = False
+
+    def judge(event, args):
         if event == "compile" and args and isinstance(args[0], (str, bytes)) and str(args[1]) == "<string>" \
-                and _from_the_notebook(sys._getframe(1).f_code):
+                and _from_the_notebook(sys._getframe(2).f_code):
             # code the notebook built at run time (exec of a decoded string): read as the grader reads the notebook
             for found in internals_in_source(os.fsdecode(args[0]) if isinstance(args[0], bytes) else args[0]):
                 flags.append(f"{RUNTIME_INTERNALS} {found}")
+        # a frame reached by the notebook's own code, the name spelled out or not (getattr(sys, "_get" + "frame"))
+        reached = "_getframe" if event == "sys._getframe" else \
+            args[1] if event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRIBUTES else None
+        flag = f"{RUNTIME_INTERNALS} {reached} ({INTERNALS.get(reached, 'frames')})"
+        if reached and flag not in flags and _from_the_notebook(sys._getframe(2).f_code):
+            flags.append(flag)
         # sys._getframe(k) straight to the frame that holds the job and the pipe
         if event in INTROSPECTION_EVENTS or (event == "sys._getframe" and args and
                                              os.path.realpath(args[0].f_code.co_filename) == sandbox_file):
