@@ -6,7 +6,7 @@
 # | **What you will learn** | the int8 kernel's devices and paths; calibrators and zero points; dynamic int8 with `torch.ao` (deprecated) and torchao; QAT by hand and with torchao's `QATConfig`, against an fp32 control; static int8 with PT2E, lowered through Inductor; FP8 `scaled_mm` row-wise vs tensor-wise, and on an FP8 GPU; torchao's int8, int4 and FP8 configs compiled on a GPU; choosing a format for a size and error budget; the CPU kernels' ISA pitfalls |
 # | **Prerequisites** | [lesson 05](05_quantization.ipynb) |
 # | **Hardware** | any CPU (every numeric section, FP8 included). torchao, a C++ compiler (full mode's compiled rows), an FP8 GPU (NVIDIA sm_89+, AMD MI300+) and an Intel GPU each run their sections; a section without them says what it skipped |
-# | **Time** | 68 minutes |
+# | **Time** | 74 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); claims about 2.10 are checked against its release notes and source. torchao 0.16.0 is the release paired with torch 2.10 |
 
 # %% tags=["colab-setup"]

@@ -5,8 +5,8 @@
 # |---|---|
 # | **What you will learn** | which kernel `F.scaled_dot_product_attention` runs and why: constraints, priority order (per release and cuDNN), forcing one with `sdpa_kernel`, the error when none fits and its reasons; the memory the MATH fallback spends, measured; ragged batches: padding + mask, jagged nested tensors, 2.10's `varlen_attn`; FlexAttention for masks SDPA cannot express: how `create_block_mask` builds its mask, measured against padding |
 # | **Prerequisites** | lesson 00; what attention computes (softmax(QKᵀ/√d)·V) |
-# | **Hardware** | any CPU. On an NVIDIA or AMD GPU where SDPA's flash kernel runs (NVIDIA sm80+, not Colab's T4), the backend choice, the memory and the timings run on the GPU in bf16; an NVIDIA GPU (A100 or newer) also runs `varlen_attn` against padding and nested tensors |
-# | **Time** | 44 minutes |
+# | **Hardware** | any CPU. On an NVIDIA or AMD GPU with a flash kernel (not Colab's T4) the backend story runs there, in bf16; an NVIDIA GPU (A100 or newer) also runs `varlen_attn` against padding and nested tensors |
+# | **Time** | 45 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
 #
 # The story: one function, several kernels → which one runs, and why → what the fallback costs →
@@ -115,17 +115,13 @@ print(f"{story_dtype}, causal:", attention_ops(q, q, q, is_causal=True))
 print("CUDA priority order in this build:", attention.priority_order())
 
 # %% tags=["predict"]
-# The question is the one whose answer differs between the CPU and a GPU: each device's flash kernel refuses
-# something the other takes.
-if STORY.type == "cuda":
-    QUESTION = "boolean mask"
-    backend_guess = predict(f"The same {story_dtype} call with a boolean attn_mask: which backend runs on this GPU?",
-                            options=["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"],
-                            example="FLASH_ATTENTION")
-else:
-    QUESTION = "dropout_p=0.1"
-    backend_guess = predict("The same fp32 call, in training, with dropout_p=0.1: which backend runs on this CPU?",
-                            options=["FLASH_ATTENTION", "MATH", "an error"], example="FLASH_ATTENTION")
+# the question whose answer differs by device: each device's flash kernel refuses something the other takes
+QUESTION, PROMPT, OPTIONS = (
+    ("boolean mask", f"The same {story_dtype} call with a boolean attn_mask: which backend runs on this GPU?",
+     ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"]) if STORY.type == "cuda" else
+    ("dropout_p=0.1", "The same fp32 call, in training, with dropout_p=0.1: which backend runs on this CPU?",
+     ["FLASH_ATTENTION", "MATH", "an error"]))
+backend_guess = predict(PROMPT, options=OPTIONS, example="FLASH_ATTENTION")
 
 # %%
 mask_128 = torch.ones(128, 128, dtype=torch.bool, device=STORY).tril()
@@ -179,12 +175,8 @@ for label, (qq, kk, vv, allowed, kwargs) in forced.items():
     outcome, reasons = attention.decline_reasons(qq, kk, vv, allowed, **kwargs)
     print(f"{label}: {outcome}" + "".join(f"\n    warning: {r}" for r in reasons))
 
-# %% [markdown]
-# Both CPU kernels take fp32 and masks, so the check against a float64 reference runs on the CPU on every
-# machine:
-
 # %% tags=["nbval-check-output"]
-q_cpu = q.cpu().float()
+q_cpu = q.cpu().float()    # both CPU kernels take fp32 and masks: the float64 check runs on the CPU everywhere
 mask = torch.rand(128, 128) > 0.2
 mask.fill_diagonal_(True)       # every query keeps at least one key
 for label, kwargs in {"plain": {}, "causal": {"is_causal": True}, "boolean mask": {"attn_mask": mask}}.items():
@@ -232,11 +224,10 @@ your_turn(check_call, what="make flash eligible");
 #
 # MATH writes the `batch × heads × seq × seq` scores, then their softmax, before the second matmul; flash
 # keeps one tile per thread and writes only the output and one log-sum-exp per row.
-# `attention.forward_peak_memory` runs one causal forward and reads the peak the call held beyond its
-# inputs: on a CPU from `torch.profiler(profile_memory=True)`, on a GPU from the allocator's peak statistics.
-# `attention.time_backends` times both (on a CPU at `TIMING_THREADS` thread: torch.utils.benchmark's Timer
-# sets the count while it measures, then restores it); the reveal quotes a speed ratio only when the two
-# min-max spreads do not overlap.
+# `attention.forward_peak_memory` reads the peak one causal forward held beyond its inputs
+# (`torch.profiler(profile_memory=True)` on a CPU, the allocator's statistics on a GPU).
+# `attention.time_backends` times both (on a CPU at `TIMING_THREADS` thread); the reveal quotes a speed
+# ratio only when the two min-max spreads do not overlap.
 
 # %% tags=["predict"]
 memory_guess = predict(f"At seq {SEQ_LENS[-1]} ({HEADS} heads × {HEAD_DIM}, {story_dtype}, on {STORY.type}), how many "

@@ -2681,9 +2681,58 @@ def checkpoint_second(quick, device, compile=False, samples=None):
             "paths": {"format": "torch.save zip file"}, "notes": {}, "references": references, "_tensors": tensors}
 
 
+def _plan_from_logs(gains, change, spread_of, quantiles=(0.975, 0.8), normal=False):
+    """pairs_needed with its ingredients chosen: how the spread is taken and which quantiles size the test."""
+    from helpers.validation import stats
+    if len(gains) < 2:
+        raise ValueError("need at least two gains")
+    spread = spread_of(np.log(np.asarray(gains, dtype=float)))
+    z = {0.975: 1.959964, 0.95: 1.644854, 0.8: 0.841621}
+    for k in range(2, 1001):
+        reach = sum(z[q] if normal else stats.t_quantile(q, k - 1) for q in quantiles)
+        if reach * spread / math.sqrt(k) <= math.log1p(change):
+            return k
+    return None
+
+
+def pairs_z(gains, change):
+    return _plan_from_logs(gains, change, lambda v: v.std(ddof=1), normal=True)
+
+
+def pairs_no_power(gains, change):
+    return _plan_from_logs(gains, change, lambda v: v.std(ddof=1), quantiles=(0.975,))
+
+
+def pairs_one_sided(gains, change):
+    return _plan_from_logs(gains, change, lambda v: v.std(ddof=1), quantiles=(0.95, 0.8))
+
+
+def pairs_ddof0(gains, change):
+    return _plan_from_logs(gains, change, lambda v: v.std())
+
+
+def pairs_calls_stats(gains, change):
+    from helpers.validation import stats
+    return stats.rounds_needed(float(np.std(np.log(gains), ddof=1)), change)
+
+
+def pairs_second(gains, change):
+    # a second correct solution: torch's std (k - 1 by default), a search upward from the normal approximation,
+    # which never asks for more pairs than Student's t does
+    from helpers.validation import stats
+    if len(gains) < 2:
+        raise ValueError(f"{len(gains)} gain(s): the noise needs at least two pairs")
+    spread = torch.tensor(gains, dtype=torch.float64).log().std().item()
+    effect = math.log1p(change)
+    k = max(2, math.floor(((1.96 + 0.84) * spread / effect) ** 2))
+    while k <= 1000 and (stats.t_quantile(0.975, k - 1) + stats.t_quantile(0.8, k - 1)) * spread / math.sqrt(k) > effect:
+        k += 1
+    return k if k <= 1000 else None
+
+
 SECOND_SOLUTIONS_09 = [("paired_interval", paired_second), ("decide", decide_second),
                        ("find_slowdown", find_slowdown_second), ("find_drift", find_drift_second),
-                       ("checkpoint_workload", checkpoint_second)]
+                       ("checkpoint_workload", checkpoint_second), ("pairs_needed", pairs_second)]
 
 
 @pytest.mark.parametrize("function, fn", SECOND_SOLUTIONS_09, ids=[f for f, _ in SECOND_SOLUTIONS_09])
@@ -2711,6 +2760,11 @@ LEARNER_VIEW_09 = [
     ("checkpoint_workload", "records-original", checkpoint_records_original, "not the original model's"),
     ("checkpoint_workload", "ignores-samples", checkpoint_ignores_samples,
      "the number of samples is not what was asked"),
+    ("pairs_needed", "normal-quantiles", pairs_z, "far from the normal quantiles"),
+    ("pairs_needed", "no-power", pairs_no_power, "not the half-width alone"),
+    ("pairs_needed", "one-sided", pairs_one_sided, "two-sided at 95%"),
+    ("pairs_needed", "ddof-0", pairs_ddof0, "k - 1 in the denominator"),
+    ("pairs_needed", "calls-stats", pairs_calls_stats, "stats.rounds_needed (and its plan, which calls it)"),
 ]
 
 

@@ -1586,6 +1586,56 @@ def _drift_cases(gen):
     return cases
 
 
+def _pairs_needed(gains, change):
+    import math
+
+    from helpers.validation import stats
+    if len(gains) < 2:
+        raise ValueError(f"need the gains of at least two pairs, got {len(gains)}")
+    logs = [math.log(g) for g in gains]
+    mean = sum(logs) / len(logs)
+    spread = math.sqrt(sum((v - mean) ** 2 for v in logs) / (len(logs) - 1))
+    pairs = stats.rounds_needed(spread, change)
+    return None if pairs is None else float(pairs)    # a float: compared within the cases' tolerance
+
+
+def _aa_gains(gen, spread, n):
+    """n per-pair gains of an A/A comparison: log-normal noise of `spread` around 1."""
+    return torch.exp(spread * torch.randn(n, generator=gen, dtype=torch.float64)).tolist()
+
+
+def _pairs_needed_cases(gen):
+    report = _recorded_matrix()[2]
+    recorded = next(r["round_gains"] for r in report["rows"] if r.get("round_gains"))
+    spread = ("the noise is the spread of the pairs' log-gains with k - 1 in the denominator, as in exercise 1's "
+              "interval: with a handful of pairs, dividing by k understates it")
+    test = ("the plan sizes exercise 1's test, two-sided at 95%, to find the change 80% of the time: the change's log "
+            "must exceed the 95% half-width plus the distance to the 80% point, not the half-width alone")
+    small = ("with few pairs Student's t is far from the normal quantiles, at both the 95% and the 80% point: a plan "
+             "that uses the normal ones promises more than it delivers")
+    stub = "this case passes once the function runs without stats.rounds_needed or the pipeline's plan"
+    cases = [Case("written without stats.rounds_needed or the pipeline's plan", (_aa_gains(gen, 0.1, 6), 0.1),
+                  call="called", expected="called", expect_value=True, hint=stub)]
+    for name, args, hidden, hint in (
+            ("6 A/A pairs at a spread of about 0.10, a 10% change", (_aa_gains(gen, 0.1, 6), 0.10), False, small),
+            ("8 A/A pairs at about 0.16 (the recorded run's median), a 10% change", (_aa_gains(gen, 0.16, 8), 0.10),
+             False, test),
+            ("4 A/A pairs at about 0.2, a 5% change", (_aa_gains(gen, 0.2, 4), 0.05), False, spread),
+            ("the per-pair gains of the recorded run's first timing row, a 25% change", (recorded, 0.25), False, test),
+            ("a quiet machine: 5 pairs at about 0.03, a 10% change", (_aa_gains(gen, 0.03, 5), 0.10), False, small),
+            ("12 pairs at about 0.05, a 5% change", (_aa_gains(gen, 0.05, 12), 0.05), True, test),
+            ("3 pairs at about 0.25, a 10% change", (_aa_gains(gen, 0.25, 3), 0.10), True, spread),
+            ("identical pairs: no noise, the fewest pairs", ([1.0, 1.0, 1.0], 0.10), True, small),
+            ("a noisy machine and a 1% change: more than 1000 pairs", ([0.6, 1.0, 1.6], 0.01), True,
+             "beyond 1000 pairs the answer is None")):
+        cases.append(Case(name, args, rtol=0.12, atol=1, hidden=hidden, hint=hint))
+    cases += [Case("one pair: a ValueError", ([1.02], 0.10), raises="ValueError",
+                   hint="one gain says nothing about the noise: raise a ValueError saying that at least two are needed"),
+              Case("no pairs: a ValueError", ([], 0.10), raises="ValueError", hidden=True,
+                   hint="one gain says nothing about the noise: raise a ValueError saying that at least two are needed")]
+    return cases
+
+
 def _checkpoint_workload(quick, device, compile=False, samples=None):
     import io
 
@@ -1662,6 +1712,10 @@ SPECS["09_migration_lab"] = LabSpec("09_migration_lab", (
     Exercise("Exercise 3: find the injected slowdown", "find_slowdown", _slowdown_cases, _find_slowdown),
     Exercise("Exercise 4: find the drift", "find_drift", _drift_cases, _find_drift),
     Exercise("Exercise 5: a workload of your own", "checkpoint_workload", _own_workload_cases, _checkpoint_workload),
+    Exercise("Exercise 6: how many rounds", "pairs_needed", _pairs_needed_cases, _pairs_needed,
+             forbidden=("helpers.validation.stats.rounds_needed", "helpers.validation.pipeline.plan"),
+             refused="the pipeline's stats.rounds_needed (and its plan, which calls it) is the function you are "
+                     "writing: plan from the gains yourself"),
 ), allow_processes=True)    # the lab runs the pipeline, which records the git commit it ran from
 
 

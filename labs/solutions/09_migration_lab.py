@@ -67,6 +67,7 @@ import torch
 
 from helpers.device import quick_mode
 from helpers.grading.checks import check
+from helpers.interactive import predict, reveal
 from helpers.validation import NotComparable, chart, compare_runs, load_run, table, write_report
 from helpers.validation import labcheck, stats
 from helpers.validation.matrix import run_matrix
@@ -217,22 +218,18 @@ print(f"the report: UNet step time, B over A {row['gain']:.3f}x [{row['low']:.3f
 # ## Exercise 2: what the interval lets you decide
 #
 # "Within noise" alone cannot be acted on: it may mean "no change" or "this run could not have seen
-# one". Each row also states its `detectable` change (a fraction: 0.10 is 10%). Write
-# `decide(row, wanted)`, where `row` has the keys `gain`, `low`, `high`, `pairs` and `detectable` of a
-# report row (its status removed: you decide), and `wanted` is the smallest change worth acting on (a
-# fraction). Return:
+# one". Write `decide(row, wanted)`, where `row` has the keys `gain`, `low`, `high` (the 95% interval of
+# exercise 1), `pairs` and `detectable` of a report row (its status removed: you decide), and `wanted` is
+# the smallest change worth acting on (a fraction: 0.10 is 10%). `detectable` is the smallest change this
+# run would have found 80% of the time, at its own noise. Return one of four words:
 #
-# - `"regression"`: the whole interval below 1 **and** the gain below 1 / (1 + `stats.MIN_CHANGE`) (a
-#   2% floor: a real but tiny change is not worth a ticket);
-# - `"improvement"`: the whole interval above 1 and the gain above 1 + `stats.MIN_CHANGE`;
-# - `"no change of that size"`: neither, and the run could have seen a change of `wanted`
-#   (`detectable <= wanted`);
-# - `"cannot tell"`: neither, and it could not (`detectable > wanted`); also when the row has no
-#   interval (`low` is None: fewer than two pairs, or a figure not reported).
+# - `"regression"` or `"improvement"`: the run shows, at 95% confidence, a change in that direction,
+#   and the measured change is at least the pipeline's floor `stats.MIN_CHANGE` (a real but tiny change
+#   is not worth a ticket);
+# - `"no change of that size"`: it shows no such change, and had B changed by `wanted` it would have;
+# - `"cannot tell"`: anything else, including a row without an interval (`low` is None).
 #
-# The interval decides first: a regression is a regression whatever its detectable change. "Below 1" is
-# strict (an interval that ends at 1 contains it), and the floor applies to the gain, not to the
-# interval's end. `stats.verdict` is off limits.
+# Which numbers of the row answer each question is yours to decide. `stats.verdict` is off limits.
 
 # %%
 def decide(row, wanted):
@@ -421,10 +418,67 @@ for row in aa["rows"]:
 print("numerics:", [(r["output"], r["status"]) for r in aa["numerics"]])
 print("A/A calibration:", calibration(aa))
 
+
 # %% [markdown]
 # Both sides are this kernel's torch, so any timing "finding" here would be a false alarm (the 95%
 # interval allows one in twenty), and the outputs must be identical. To compare the workload across two
 # versions it has to run in each version's environment, as the built-in ones do under the driver.
+
+# %% [markdown]
+# ## Exercise 6: how many rounds?
+#
+# The A/A run above gave a spread of per-pair gains, and with it a detectable change that is likely far
+# above `WANTED`. Before the next comparison, plan it: write `pairs_needed(gains, change)`, where `gains`
+# are the per-pair gains of an A/A comparison (a row's `round_gains`: what noise alone does between the
+# two sides) and `change` a fraction. Return the fewest pairs of rounds (at least 2) with which the paired
+# test of exercise 1, at 95%, finds a true change of `change` in a figure with this noise at least 80% of
+# the time; `None` if more than 1000 would be needed. Fewer than two gains say nothing about the noise:
+# raise a `ValueError` saying so. `stats.rounds_needed` and the pipeline's `plan` are off limits.
+
+# %%
+def pairs_needed(gains, change):
+    ### BEGIN SOLUTION
+    if len(gains) < 2:
+        raise ValueError(f"need the gains of at least two pairs to measure the noise, got {len(gains)}")
+    spread = float(np.std(np.log(gains), ddof=1))
+    effect = np.log1p(change)
+    for k in range(2, 1001):
+        if (stats.t_quantile(0.975, k - 1) + stats.t_quantile(0.8, k - 1)) * spread / np.sqrt(k) <= effect:
+            return k
+    return None
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check(LAB, pairs_needed)
+
+# %% [markdown]
+# Did the plan hold? The next cell draws 2,000 comparisons of the planned number of pairs, each pair's
+# log-gain the true change plus noise at the A/A spread, and decides each with your exercise 1 and 2
+# functions: about 80% should come out a regression if the plan is right.
+
+# %% tags=["predict"]
+aa_gains = next(r["round_gains"] for r in aa["rows"] if r.get("round_gains"))
+planned = pairs_needed(aa_gains, WANTED)
+plan_guess = predict(f"With the {planned} pairs planned for a {WANTED:.0%} slowdown, in what share of 2,000 simulated "
+                     "comparisons will decide() say regression?", unit="%", example=95.0)
+
+# %%
+rng = np.random.default_rng(SEED)
+spread = float(np.std(np.log(aa_gains), ddof=1))
+found = 0
+for _ in range(2000):
+    log_gains = -np.log1p(WANTED) + spread * rng.standard_normal(planned)     # B slower by WANTED, plus noise
+    gain, low, high = paired_interval([[1.0]] * planned, [[float(np.exp(-g))] for g in log_gains], "lower")
+    found += decide({"gain": gain, "low": low, "high": high, "pairs": planned, "detectable": 0.0}, WANTED) == "regression"
+print(f"A/A spread {spread:.3f} (log scale) over {len(aa_gains)} pairs -> {planned} pairs planned for {WANTED:.0%}: "
+      f"found in {found / 20:.1f}% of 2,000 simulated comparisons")
+
+# %% tags=["reveal"]
+reveal(plan_guess, found / 20, tolerance=1.15,
+       why=f"the plan asks for 80% power, so about 80% of comparisons find a true {WANTED:.0%} change (between 76% and "
+           "84% from 2,000 draws). The spread was measured from only a few A/A pairs, so a real run's own spread can "
+           "differ: measure it again once you have more pairs, and plan with the larger one.");
 
 # %% [markdown]
 # ## What the numbers mean
