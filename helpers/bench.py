@@ -26,6 +26,7 @@ import torch
 import torch.utils.benchmark as tbench
 
 from helpers.device import SECTIONS, capabilities, pick_device, synchronize
+from helpers.env import FIGURES_LOG_ENV
 from helpers.files import write_text_atomic
 
 
@@ -93,7 +94,6 @@ def separated(result: dict, a: str, b: str) -> bool:
     return ra["max_s"] < rb["min_s"] or rb["max_s"] < ra["min_s"]
 
 
-FIGURES_LOG_ENV = "LABS_FIGURES_LOG"
 
 
 def _log_figures(result: dict) -> None:

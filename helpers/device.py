@@ -32,8 +32,8 @@ from typing import Callable
 import torch
 
 from helpers import events
+from helpers.env import SECTION_LOG_ENV
 
-SECTION_LOG_ENV = "LABS_SECTION_LOG"
 OTHER_PYTHON_ENV = "LABS_OTHER_PYTHON"   # the other build's Python (GIL <-> free-threaded), for side-by-side runs
 ACCELERATORS = ("cuda", "rocm", "xpu", "mps", "cpu")
 TOOLCHAINS = {"cxx": ("c++", "g++", "clang++", "cl"), "ninja": ("ninja",), "nvcc": ("nvcc",),

@@ -52,7 +52,7 @@ from helpers.grading.report import feedback, scores_csv
 from helpers.grading.scan import RUNTIME_INTERNALS, interpreter_internals
 from helpers.grading.messages import UNREADABLE, frames
 from helpers.grading.specs import LabSpec, spec_for
-from helpers.interactive import HEADLESS_ENV
+from helpers.env import HEADLESS_ENV
 from helpers.processes import kill, memory_mb, process_tree
 
 REPO = Path(__file__).resolve().parent.parent.parent

@@ -28,13 +28,11 @@ from pathlib import Path
 import psutil
 
 from helpers.files import read_json_lines
-from helpers.env import HEADLESS_ENV
+from helpers.env import FIGURES_LOG_ENV, HEADLESS_ENV, SECTION_LOG_ENV
 from helpers.processes import kill, memory_mb, process_tree
 from helpers.progress import PROGRESS_ENV
 
 REPO = Path(__file__).resolve().parent.parent.parent
-SECTION_LOG_ENV = "LABS_SECTION_LOG"    # the same name as helpers.device.SECTION_LOG_ENV (no torch here)
-FIGURES_LOG_ENV = "LABS_FIGURES_LOG"    # the same name as helpers.bench.FIGURES_LOG_ENV
 POLL_SECONDS = 0.1
 _LIVE: set[int] = set()       # driver pids of the jobs running in this process, for stop_all()
 OOM_WORDS = ("can't allocate memory", "out of memory", "cannot allocate memory")

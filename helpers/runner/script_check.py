@@ -20,9 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from helpers.bench import FIGURES_LOG_ENV
-from helpers.device import SECTION_LOG_ENV, capabilities
-from helpers.env import HEADLESS_ENV
+from helpers.device import capabilities
+from helpers.env import FIGURES_LOG_ENV, HEADLESS_ENV, SECTION_LOG_ENV
 from helpers.files import read_json_lines, write_text_atomic
 from helpers.manifest import REPO, entries
 from helpers.progress import PROGRESS_ENV
