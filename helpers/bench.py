@@ -87,6 +87,13 @@ def compare(candidates: dict[str, Callable[[], object]], *, baseline: str | None
     return result
 
 
+def speedup_range(results: dict, baseline: str, candidate: str) -> tuple[float, float]:
+    """The lowest and highest speed-up of `candidate` over `baseline` the repeats allow (results: a compare's
+    "results"): the baseline's fastest over the candidate's slowest, and its slowest over the candidate's fastest."""
+    base, cand = results[baseline], results[candidate]
+    return base["min_s"] / cand["max_s"], base["max_s"] / cand["min_s"]
+
+
 def separated(result: dict, a: str, b: str) -> bool:
     """Whether two candidates' times did not overlap over the repeats (one's slowest repeat beat the
     other's fastest): a ratio between overlapping candidates is too close to call on this run."""
@@ -121,12 +128,15 @@ def timed_on(result: dict) -> str:
 
 
 def table(result: dict) -> str:
-    """A plain-text table: median, spread, and speed relative to the baseline."""
+    """A plain-text table: median, spread, and speed relative to the baseline; a ratio whose spread overlaps
+    the baseline's is marked as a tie on this run (its direction cannot be read from it)."""
+    base = result["baseline"]
     rows = [f"timed on {timed_on(result)}",
-            f"{'candidate':<28}{'median':>12}{'spread (min-max)':>24} {'vs ' + result['baseline']:>13}"]
+            f"{'candidate':<28}{'median':>12}{'spread (min-max)':>24} {'vs ' + base:>13}"]
     for name, r in result["results"].items():
+        tie = "  (spreads overlap: a tie here)" if name != base and not separated(result, name, base) else ""
         rows.append(f"{name:<28}{_fmt(r['median_s']):>12}{_fmt(r['min_s']) + ' - ' + _fmt(r['max_s']):>24}"
-                    f"{r['ratio_to_baseline']:>13.2f}x")
+                    f"{r['ratio_to_baseline']:>13.2f}x{tie}")
     return "\n".join(rows)
 
 

@@ -108,13 +108,14 @@ points = {n: foreach_point(n) for n in SWEEP}          # measured once; the chec
 sweep = {n: point["foreach"]["ratio_to_baseline"] for n, point in points.items()}
 print(f"_foreach_add_ against the loop on {DEVICE.type}, 16 tensors of 2^n floats:\n"
       + "   ".join(f"2^{n}: {ratio:.2f}x" for n, ratio in sweep.items()))
-# Two terms: a call's cost (the loop at 2^4, all overhead) and a tensor's traffic (8 bytes a float at 2^TOP's speed)
 per_call_us, bandwidth_gbs = points[4]["loop"]["median_s"] / 16 * 1e6, 2**TOP * 128 / points[TOP]["foreach"]["median_s"] / 1e9
 even_log2, small, large = torch.tensor(per_call_us * bandwidth_gbs * 1e3 / 8).log2().item(), sweep[4], sweep[TOP]
 measured = ("about the same" if max(small, large) / min(small, large) < 1.25
             else "at 2^4 floats per tensor" if small > large else f"at 2^{TOP} floats per tensor")
-reveal(size_guess, measured, why=f"{small:.1f}x at 2^4 against {large:.1f}x at 2^{TOP}. A call costs {per_call_us:.1f} "
-       f"us here, and memory streams at {bandwidth_gbs:.0f} GB/s: one tensor's traffic equals one call's cost near "
+(lo4, hi4), (lo_top, hi_top) = (bench.speedup_range(points[n], "loop", "foreach") for n in (4, TOP))
+noisy = "Spreads overlap: too noisy here to tell; run again or use fewer threads. " if lo4 <= hi_top and lo_top <= hi4 else ""
+reveal(size_guess, measured, why=noisy + f"{small:.1f}x at 2^4 against {large:.1f}x at 2^{TOP}. A call costs {per_call_us:.1f} "
+       f"us here, and memory streams at {bandwidth_gbs:.3g} GB/s: one tensor's traffic equals one call's cost near "
        f"2^{even_log2:.1f} floats. Below that the calls are most of the time; above it the traffic is, and both "
        "ways add the same numbers." + (" Far below 1x is other load here: run the cell again." if large < 0.8 else ""))
 

@@ -135,3 +135,17 @@ def test_separated_tells_overlapping_spreads_from_distinct_ones():
                           "c": {"min_s": 2.5, "max_s": 4.0}}}
     assert not separated(result, "a", "b") and not separated(result, "b", "c")
     assert separated(result, "a", "c") and separated(result, "c", "a")
+
+
+def test_speedup_range_spans_what_the_repeats_allow():
+    results = {"loop": {"min_s": 2.0, "max_s": 3.0}, "foreach": {"min_s": 1.0, "max_s": 1.5}}
+    assert bench.speedup_range(results, "loop", "foreach") == (2.0 / 1.5, 3.0)
+
+
+def test_table_marks_a_ratio_whose_spread_overlaps_the_baselines_as_a_tie():
+    result = {"baseline": "a", "device": "cpu", "threads": 1, "machine": {"cpu": "a CPU"},
+              "results": {"a": {"median_s": 1.0, "min_s": 0.9, "max_s": 1.1, "ratio_to_baseline": 1.0},
+                          "b": {"median_s": 0.95, "min_s": 0.8, "max_s": 1.0, "ratio_to_baseline": 1.05},
+                          "c": {"median_s": 0.5, "min_s": 0.45, "max_s": 0.55, "ratio_to_baseline": 2.0}}}
+    rows = {line.split()[0]: line for line in bench.table(result).splitlines()[2:]}
+    assert "a tie here" in rows["b"] and "a tie here" not in rows["c"] and "a tie here" not in rows["a"]
