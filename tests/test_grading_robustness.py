@@ -73,6 +73,46 @@ def test_an_unreadable_message_stops_the_sandbox_and_the_grader_goes_on(monkeypa
     assert outcome["stopped"] == "unreadable" and outcome["messages"] == [UNREADABLE]
 
 
+SLOW_START = r'''
+import io, os, sys, time, torch
+fd = int(sys.argv[1])
+end = time.process_time() + float(sys.argv[2])      # a start-up that computes before its first message
+while time.process_time() < end:
+    pass
+buffer = io.BytesIO()
+torch.save({"at": "cell 0"}, buffer)
+os.write(fd, len(buffer.getvalue()).to_bytes(8, "big") + buffer.getvalue())
+'''
+
+
+@pytest.mark.parametrize("start_limit, stopped", [(60.0, None), (0.1, "timeout")])
+def test_the_start_up_is_a_step_with_its_own_measured_limit(monkeypatch, start_limit, stopped):
+    """Before its first message the sandbox is in its start-up step, limited by the solution's own start-up
+    (measured like every other step), not by a cell's limit."""
+    def fake_sandbox(job, isolated, cgroup, work, scratch):
+        read_fd, write_fd = os.pipe()
+        proc = __import__("subprocess").Popen([sys.executable, "-c", SLOW_START, str(write_fd), "3"],
+                                              pass_fds=(write_fd,), stdin=__import__("subprocess").PIPE,
+                                              start_new_session=True)
+        os.close(write_fd)
+        return proc, read_fd
+    monkeypatch.setattr(grade, "_sandbox_process", fake_sandbox)
+    monkeypatch.setattr(grade, "STEP_SLACK_S", 0.5)
+    asked = []
+
+    def step_cpu(marker):
+        asked.append(marker)
+        return start_limit if marker == grade.START else 60.0
+    outcome = run_attempt({"threads": 1}, b"", isolated=False, memory_limit_mb=4096, cpu_left=600, wall_left=600,
+                          scratch={}, step_cpu=step_cpu)
+    assert asked[0] == grade.START and outcome["stopped"] == stopped, (asked, outcome["stopped"])
+    if stopped is None:
+        assert outcome["start_cpu_seconds"] >= 2.5     # the start-up's CPU, up to its first message
+    limits = grade.limits_from({"call_cpu_seconds": {}, "cell_cpu_seconds": {}, "cpu_seconds": 9.0, "wall_seconds": 9.0,
+                                "start_cpu_seconds": 3.0}, cpu_factor=10, time_limit=None)
+    assert limits["start_cpu_seconds"] == 30.0
+
+
 def test_names_are_safe_distinct_and_bounded(tmp_path):
     escape = "\x1b[2K\x1b[1Aeve"
     (tmp_path / f"{escape}.ipynb").write_text("{}")

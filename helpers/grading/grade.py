@@ -10,8 +10,9 @@ after it are graded in a fresh process, all within one budget per submission.
 
 Limits follow the lab's solution, graded first in the same run: a call may use CPU_FACTOR times the CPU time
 of the solution's slowest case of that exercise (at least CALL_FLOOR_S), a cell CPU_FACTOR times its slowest
-cell (at least CELL_FLOOR_S), a submission CPU_FACTOR times the solution's whole CPU time plus
-BUDGET_SLACK_S. CPU time, not wall time: a busy machine slows a submission's clock, not its CPU time, so the
+cell (at least CELL_FLOOR_S), the start-up (interpreter, torch, this package, up to the sandbox's first
+message) CPU_FACTOR times the solution's own start-up (at least CELL_FLOOR_S), a submission CPU_FACTOR times
+the solution's whole CPU time plus BUDGET_SLACK_S. CPU time, not wall time: a busy machine slows a submission's clock, not its CPU time, so the
 same file gets the same score. Wall time only stops what waits without computing (a sleep, a blocked read):
 `time_limit` seconds per submission, by default WALL_FACTOR times the solution's wall time, at least
 WALL_FLOOR_S.
@@ -63,6 +64,7 @@ CALL_FLOOR_S, CELL_FLOOR_S, BUDGET_SLACK_S = 2.0, 10.0, 60.0
 WALL_FACTOR, WALL_FLOOR_S = 10, 120.0
 MAX_SKIPPED_CELLS = 3
 STEP_CPU_FACTOR, STEP_WALL_FACTOR, STEP_SLACK_S = 1.5, 5.0, 15.0
+START = "start"   # the step before the sandbox's first message: the interpreter, torch and the package starting
 BUILD_CPU_S = 300.0           # a compiler run (lab 04's extension): its own step, never the call's time
 MAX_RESULTS_MB = 512          # what one sandbox may send back in all
 MAX_NOTEBOOK_MB = 20          # a submitted notebook (the solutions are well under 1 MB)
@@ -186,8 +188,8 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
         proc, fd = _sandbox_process(job, isolated, cgroup, Path(tmp), scratch)
         _feed(proc, blob)
         usage, buffer, messages, received, stopped = _Usage(psutil.Process(proc.pid), cgroup), bytearray(), [], 0, None
-        eof, step_limit, step_wall, step_cpu_start, by_wall = False, step_cpu("cells"), start, 0.0, False
-        building, build_s = False, 0.0
+        eof, step_limit, step_wall, step_cpu_start, by_wall = False, step_cpu(START), start, 0.0, False
+        building, build_s, start_cpu = False, 0.0, None
         try:
             while True:
                 if eof:
@@ -203,6 +205,7 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
                     if message is UNREADABLE:
                         stopped = "unreadable"
                     elif "at" in message:
+                        start_cpu = cpu_now if start_cpu is None else start_cpu   # the start-up ends at the first step
                         build_s += now - step_wall if building else 0.0
                         building = message["at"] == "build"
                         step_limit, step_wall, step_cpu_start = step_cpu(message["at"]), now, cpu_now
@@ -247,7 +250,7 @@ def run_attempt(job: dict, blob: bytes, *, isolated: bool, memory_limit_mb: floa
         else:
             stopped = f"crashed (exit status {code})"
     return {"messages": messages, "stopped": stopped, "cpu_seconds": cpu, "wall_seconds": time.monotonic() - start,
-            "cgroup": cgroup is not None, "wall_timeout": by_wall, "build_seconds": build_s}
+            "cgroup": cgroup is not None, "wall_timeout": by_wall, "build_seconds": build_s, "start_cpu_seconds": start_cpu}
 
 
 def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *, threads: int,
@@ -258,7 +261,7 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
     a wall-time limit stopped an attempt or the budget)}."""
     remaining = [e.function for e in spec.exercises]
     faults, stops, skip, notes, results, flags, cell_errors, cell_cpu = {}, [], [], [], {}, set(), [], []
-    cpu_used, wall_used, in_cgroups, wall_timeout, build_s = 0.0, 0.0, True, False, 0.0
+    cpu_used, wall_used, in_cgroups, wall_timeout, build_s, start_cpu = 0.0, 0.0, True, False, 0.0, 0.0
     size_mb = notebook.stat().st_size / 2**20
     try:
         if size_mb > MAX_NOTEBOOK_MB:
@@ -274,9 +277,11 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
     cell_limits = dict(limits["cell_cpu_seconds"])
 
     def step_cpu(marker: str) -> float:
-        """The CPU limit of the step the sandbox says it is in: an exercise's call, a build, or a cell."""
+        """The CPU limit of the step the sandbox says it is in: its start-up, an exercise's call, a build, or a cell."""
         if marker == "build":
             return BUILD_CPU_S
+        if marker == START:
+            return limits["start_cpu_seconds"]
         if marker in inputs:
             return limits["call_cpu_seconds"][marker]
         cell = re.fullmatch(r"cell (\d+)", marker)
@@ -306,6 +311,7 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
         in_cgroups = in_cgroups and attempt["cgroup"]
         wall_timeout = wall_timeout or attempt["wall_timeout"]
         build_s += attempt["build_seconds"]
+        start_cpu = max(start_cpu, attempt["start_cpu_seconds"] or 0.0)
         wall_used += attempt["wall_seconds"]
         marker, done = "cells", False
         for message in attempt["messages"]:
@@ -345,7 +351,7 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
     return {"results": results, "faults": faults, "stops": stops, "flags": sorted(flags),
             "cell_errors": notes + cell_errors, "cpu_seconds": cpu_used, "wall_seconds": wall_used,
             "cell_cpu_seconds": cell_cpu, "cgroup": in_cgroups, "wall_timeout": wall_timeout,
-            "build_seconds": build_s}
+            "build_seconds": build_s, "start_cpu_seconds": start_cpu}
 
 
 def _scratch_folders(spec: LabSpec, isolated: bool) -> dict[str, Path | None]:
@@ -368,7 +374,7 @@ def measure_reference(spec: LabSpec, inputs: dict, *, threads: int, memory_limit
     seconds per exercise (slowest case), per cell (slowest), in all, and its wall time."""
     functions = [e.function for e in spec.exercises]
     limits = {"call_cpu_seconds": dict.fromkeys(functions, GENEROUS["call_cpu_s"]),
-              "cell_cpu_seconds": {}, "cell_cpu_default": GENEROUS["cell_cpu_s"],
+              "cell_cpu_seconds": {}, "cell_cpu_default": GENEROUS["cell_cpu_s"], "start_cpu_seconds": GENEROUS["cell_cpu_s"],
               "process_cpu_seconds": GENEROUS["budget_cpu_s"],
               "budget_cpu_seconds": GENEROUS["budget_cpu_s"], "wall_seconds": wall_seconds}
     run = run_submission(SOLUTIONS / f"{spec.lab}.ipynb", spec, inputs, limits, threads=threads,
@@ -377,7 +383,7 @@ def measure_reference(spec: LabSpec, inputs: dict, *, threads: int, memory_limit
                        default=0.0) for name in functions}
     return {"call_cpu_seconds": calls, "cell_cpu_seconds": {index: cpu for index, cpu in run["cell_cpu_seconds"]},
             "cpu_seconds": run["cpu_seconds"], "wall_seconds": run["wall_seconds"],
-            "complete": not run["faults"] and not run["stops"]}
+            "start_cpu_seconds": run["start_cpu_seconds"], "complete": not run["faults"] and not run["stops"]}
 
 
 def limits_from(reference: dict, cpu_factor: float, time_limit: float | None) -> dict:
@@ -389,6 +395,7 @@ def limits_from(reference: dict, cpu_factor: float, time_limit: float | None) ->
             "cell_cpu_seconds": [[i, max(CELL_FLOOR_S, cpu_factor * max(cells.get(j, 0.0) for j in (i - 1, i, i + 1)))]
                                  for i in cells],
             "cell_cpu_default": max(CELL_FLOOR_S, cpu_factor * max(cells.values(), default=0.0)),
+            "start_cpu_seconds": max(CELL_FLOOR_S, cpu_factor * reference["start_cpu_seconds"]),
             "budget_cpu_seconds": cpu_factor * reference["cpu_seconds"] + BUDGET_SLACK_S,
             "process_cpu_seconds": cpu_factor * reference["cpu_seconds"] + BUDGET_SLACK_S,
             "wall_seconds": time_limit or max(WALL_FLOOR_S, WALL_FACTOR * reference["wall_seconds"])}
