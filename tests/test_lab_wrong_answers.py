@@ -1894,6 +1894,37 @@ def prefix_lm_second_solution(lengths, prefix):
     return and_masks(same_doc, or_masks(causal, in_prompt))
 
 
+def _bucket_cost(lengths, n_buckets, call_cost, entry_cost, longest=lambda run: int(run.max()) ** 2):
+    runs = torch.tensor(sorted(lengths)).tensor_split(n_buckets)
+    return sum(call_cost + entry_cost * len(run) * longest(run) for run in runs if len(run))
+
+
+def bucket_count_most(lengths, call_cost, entry_cost, max_buckets):
+    # the more buckets, the less padding: always the most allowed
+    return max_buckets
+
+
+def bucket_count_one(lengths, call_cost, entry_cost, max_buckets):
+    # every call costs the same overhead: one call is cheapest
+    return 1
+
+
+def bucket_count_tokens(lengths, call_cost, entry_cost, max_buckets):
+    # a padded call priced by its padded tokens, not its (query, key) scores
+    return min(range(1, max_buckets + 1),
+               key=lambda n: _bucket_cost(lengths, n, call_cost, entry_cost, longest=lambda run: int(run.max())))
+
+
+def bucket_count_second_solution(lengths, call_cost, entry_cost, max_buckets):
+    # a right answer written otherwise: the runs cut at b * len // n, plain Python
+    ordered = sorted(lengths)
+
+    def cost(n):
+        runs = [ordered[b * len(ordered) // n:(b + 1) * len(ordered) // n] for b in range(n)]
+        return sum(call_cost + entry_cost * len(run) * run[-1] ** 2 for run in runs if run)
+    return min(range(1, max_buckets + 1), key=cost)
+
+
 def test_lab_02_06_wrong_answers_fail_a_visible_case():
     """Issue 29: in labs 02 and 06 every wrong answer loses marks in the notebook's check too, not only in
     the grader: the case it is tested on is visible."""
@@ -1920,6 +1951,7 @@ SECOND_SOLUTIONS = [
     ("06_attention_lab", "ops_dispatched", ops_second_solution),
     ("06_attention_lab", "bucketed_attention", bucketed_second_solution),
     ("06_attention_lab", "prefix_lm_mask_mod", prefix_lm_second_solution),
+    ("06_attention_lab", "choose_bucket_count", bucket_count_second_solution),
 ]
 
 
@@ -3123,6 +3155,12 @@ WRONG = [
           "a token sees the keys of its own document"),
     Wrong(L06, "prefix_lm_mask_mod", "off-by-one", prefix_lm_off_by_one, "a document shorter than the prefix",
           "counted from that document's start"),
+    Wrong(L06, "choose_bucket_count", "most-buckets", bucket_count_most, "the same lengths, an expensive call",
+          "costs call_cost however few sequences it holds"),
+    Wrong(L06, "choose_bucket_count", "one-bucket", bucket_count_one, "skewed lengths, cheap calls",
+          "padding included"),
+    Wrong(L06, "choose_bucket_count", "padded-tokens", bucket_count_tokens, "skewed lengths, cheap calls",
+          "the square of its longest length"),
 
     Wrong(L07, "predicted_bytes", "one-adam-state", predicted_one_adam_state, "float32, every layer trainable",
           "Adam keeps more per trainable parameter than one tensor"),

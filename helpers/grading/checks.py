@@ -1270,6 +1270,44 @@ def dense_mask(fn, lengths, prefix) -> torch.Tensor:
     return create_mask(fn(list(lengths), prefix), None, None, total, total, device="cpu")[0, 0]
 
 
+BUCKET_COUNT_OK = "the cheapest count, or within 2% of it"
+
+
+def _runs(lengths, n_buckets, split: str) -> list[list[int]]:
+    """The sorted lengths cut into n_buckets runs, as exercise 4 accepts them: by tensor_split (the longer
+    runs first), or at the boundaries b * len // n_buckets."""
+    ordered = sorted(lengths)
+    if split == "tensor_split":
+        return [r.tolist() for r in torch.tensor(ordered).tensor_split(n_buckets)]
+    return [ordered[b * len(ordered) // n_buckets:(b + 1) * len(ordered) // n_buckets] for b in range(n_buckets)]
+
+
+def _bucketing_cost(lengths, n_buckets, call_cost, entry_cost, split: str = "tensor_split") -> float:
+    """What exercise 4's buckets cost: per padded call, call_cost plus entry_cost per (query, key) score it
+    computes, padding included (the bucket's size times its longest length squared)."""
+    return sum(call_cost + entry_cost * len(r) * max(r) ** 2 for r in _runs(lengths, n_buckets, split) if r)
+
+
+def bucket_count_verdict(fn, lengths, call_cost, entry_cost, max_buckets) -> str:
+    """Whether the count fn chooses makes exercise 4's bucketing (either split it accepts) cheapest under the two
+    costs, and if not, which way it is off (without the count)."""
+    count = fn(list(lengths), call_cost, entry_cost, max_buckets)
+    if type(count) is not int:
+        return f"a {type(count).__name__}, not a Python int"
+    if not 1 <= count <= max_buckets:
+        return f"{count} is not a count from 1 to max_buckets ({max_buckets})"
+    ratios = {}
+    for split in ("tensor_split", "boundaries"):
+        costs = {n: _bucketing_cost(lengths, n, call_cost, entry_cost, split) for n in range(1, max_buckets + 1)}
+        ratios[split] = costs[count] / min(costs.values()), min(costs, key=costs.get)
+    if min(ratio for ratio, _ in ratios.values()) <= 1.02:
+        return BUCKET_COUNT_OK
+    ratio, cheapest = ratios["tensor_split"]
+    side = ("too many buckets: the calls they add cost more than the padding they remove" if count > cheapest else
+            "too few buckets: the padding they leave costs more than the calls they save")
+    return f"{side} (your count costs {ratio:.2f}x the cheapest)"
+
+
 # lab 07: memory
 
 def memory_lab_model(width, depth, frozen, dtype) -> nn.Module:
@@ -1468,6 +1506,7 @@ def matmul_flops_recomputed(fn, width, depth, batch) -> int:
 def keeps_fewer_bytes_than_save_matmuls(fn, width, depth, batch) -> bool:
     return kept_bytes_and_backward_flops(fn, width, depth, batch)[0] < \
         kept_bytes_and_backward_flops(_keep_every_matmul, width, depth, batch)[0]
+
 
 
 # lab 08: debugging

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from helpers.grading.checks import DEFAULT_READ_AHEAD_OK, NO_HOST_READS
+from helpers.grading.checks import BUCKET_COUNT_OK, DEFAULT_READ_AHEAD_OK, NO_HOST_READS
 
 
 @dataclass(frozen=True)
@@ -936,6 +936,47 @@ def _prefix_lm_cases(gen):
     ]
 
 
+def _choose_bucket_count(lengths, call_cost, entry_cost, max_buckets):
+    from helpers.grading.checks import _bucketing_cost
+    return min(range(1, max_buckets + 1), key=lambda n: _bucketing_cost(lengths, n, call_cost, entry_cost))
+
+
+def _bucket_count_cases(gen):
+    padding = ("a padded call scores every (query, key) pair of each sequence in it, padding included: its cost "
+               "grows with the sequences it holds times the square of its longest length, so on skewed lengths "
+               "the padding of a few large buckets costs more than the calls more buckets add")
+    calls = ("each padded_attention call costs call_cost however few sequences it holds: a count whose extra calls "
+             "cost more than the padding they remove is not the cheapest")
+    alike = "with lengths all alike there is no padding to remove: every bucket past the first only adds a call"
+    tail = ("on long-tailed lengths both costs matter: a call costs call_cost however small, and a padded call "
+            "scores its longest length squared for every sequence it holds; the verdict says which your count "
+            "underweights")
+    skewed = [12, 20, 9, 300, 15, 31, 8, 260, 40, 18, 25, 11]
+
+    def case(name, lengths, call_cost, entry_cost, max_buckets, hint, hidden=True):
+        return Case(name, (lengths, call_cost, entry_cost, max_buckets), call="bucket_count_verdict",
+                    expected=BUCKET_COUNT_OK, expect_value=True, hidden=hidden, hint=hint)
+
+    def lognormal(n, mean):   # lengths as serving sees them: most short, a long tail
+        return [min(2048, max(1, int(v))) for v in torch.randn(n, generator=gen).add(mean).exp()]
+
+    cases = [
+        case("skewed lengths, cheap calls", skewed, 2e-4, 1e-8, 5, padding, hidden=False),
+        case("the same lengths, an expensive call", skewed, 2e-3, 1e-8, 8, calls, hidden=False),
+        case("lengths all alike", [64] * 10, 1e-4, 1e-8, 8, alike, hidden=False),
+        case("one long outlier", [30] * 15 + [1000], 5e-4, 1e-8, 8, padding),
+        case("fewer sequences than max_buckets", [5, 200, 40], 1e-5, 1e-8, 8, padding),
+        case("uniform lengths, an expensive call",
+             [int(v) for v in torch.randint(1, 512, (24,), generator=gen)], 5e-3, 1e-8, 8, calls),
+    ]
+    for i in range(4):
+        n, mean = int(torch.randint(8, 40, (), generator=gen)), 3.5 + i / 2
+        call_cost, entry_cost = (10 ** float(torch.empty(()).uniform_(low, low + 2, generator=gen)) for low in (-5, -9))
+        cases.append(case(f"long-tailed lengths {i + 1} ({n} sequences)", lognormal(n, mean), call_cost, entry_cost,
+                          4 + i, tail))
+    return cases
+
+
 # --- Lab 07: memory ------------------------------------------------------------------------------
 
 def _predicted_bytes(model):
@@ -1325,6 +1366,8 @@ SPECS.update({spec.lab: spec for spec in (
         Exercise("Exercise 4: bucketed_attention", "bucketed_attention", _bucket_cases, _bucketed),
         Exercise("Exercise 5: a prefix-LM document mask", "prefix_lm_mask_mod", _prefix_lm_cases,
                  _prefix_lm_mask_mod),
+        Exercise("Exercise 6: choose the bucket count", "choose_bucket_count", _bucket_count_cases,
+                 _choose_bucket_count),
     )),
     LabSpec("07_memory_lab", (
         Exercise("Exercise 1: predicted_bytes", "predicted_bytes", _predicted_cases, _predicted_bytes,

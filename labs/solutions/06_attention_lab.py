@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | build an SDPA key mask for a padded batch; pack a ragged batch the way `varlen_attn` wants it; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length; derive a FlexAttention `mask_mod` the lesson does not show (prefix-LM over packed documents) |
+# | **What you will learn** | build an SDPA key mask for a padded batch; pack a ragged batch the way `varlen_attn` wants it; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length, and choose the bucket count from what a call costs on this machine; derive a FlexAttention `mask_mod` the lesson does not show (prefix-LM over packed documents) |
 # | **Prerequisites** | lesson 06 |
 # | **Hardware** | any CPU |
-# | **Time** | 40 minutes |
+# | **Time** | 50 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the
@@ -247,13 +247,68 @@ print(f"flex_attention with your prefix-LM mask vs SDPA with its dense mask: max
       f"{(flex_out - sdpa_out).abs().max():.1e}; the fused kernel would visit {visited} of {tiles} tiles")
 
 # %% [markdown]
-# ## Measure (not checked): one padded batch vs buckets vs jagged
+# ## Exercise 6: choose the bucket count
+#
+# Exercise 4 took `n_buckets` as given; serving code has to choose it. The cell below measures, on this
+# machine, the two costs of an `attention.padded_attention` call: `CALL_COST`, the seconds a call costs
+# however little it holds, and `ENTRY_COST`, the seconds per (query, key) score it computes for one
+# sequence (all heads together), padding included. Write
+# `choose_bucket_count(lengths, call_cost, entry_cost, max_buckets)`: the count, from 1 to `max_buckets`,
+# that makes your `bucketed_attention` cheapest on sequences of these lengths under these two costs, as a
+# Python int. The check holds your count against the cheapest on lengths and costs it does not show
+# you; the cell after it times every count on this notebook's batch.
 
 # %%
 from helpers import bench
 
+TINY, LONG = [1], [128 if QUICK else 512]
+tiny, long = attention.random_ragged(TINY, HEADS, HEAD_DIM), attention.random_ragged(LONG, HEADS, HEAD_DIM)
+r = bench.compare({"a 1-token call": lambda: attention.padded_attention(tiny),
+                   f"a {LONG[0]}-token call": lambda: attention.padded_attention(long)},
+                  repeats=5, min_run_time=0.01 if QUICK else 0.1, device="cpu")
+CALL_COST = r["results"]["a 1-token call"]["median_s"]
+ENTRY_COST = max(r["results"][f"a {LONG[0]}-token call"]["median_s"] - CALL_COST, 0.0) / LONG[0] ** 2
+MAX_BUCKETS = min(8, len(LENGTHS))
+print(bench.table(r))
+print(f"CALL_COST {CALL_COST * 1e6:.1f} us, ENTRY_COST {ENTRY_COST * 1e9:.3f} ns per score")
+
+
+# %%
+def choose_bucket_count(lengths: list[int], call_cost: float, entry_cost: float, max_buckets: int) -> int:
+    ### BEGIN SOLUTION
+    def cost(n_buckets):   # exercise 4's buckets: one call each, every score of the padded bucket paid
+        runs = torch.tensor(sorted(lengths)).tensor_split(n_buckets)
+        return sum(call_cost + entry_cost * len(run) * int(run.max()) ** 2 for run in runs if len(run))
+    return min(range(1, max_buckets + 1), key=cost)
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("06_attention_lab", choose_bucket_count)
+
+# %%
+# your count on this notebook's batch, against the time of every count (the spread decides what can be read)
+chosen = choose_bucket_count(LENGTHS, CALL_COST, ENTRY_COST, MAX_BUCKETS)
+name = lambda n: f"{n} bucket{'s' if n > 1 else ''}"
+r = bench.compare({name(n): (lambda n=n: bucketed_attention(seqs, n)) for n in range(1, MAX_BUCKETS + 1)},
+                  baseline=name(chosen), repeats=5, min_run_time=0.01 if QUICK else 0.1, device="cpu")
+print(bench.table(r))
+fastest = min(r["results"], key=lambda n: r["results"][n]["median_s"])
+if fastest == name(chosen):
+    print(f"your count, {chosen}, was the fastest measured")
+elif not bench.separated(r, fastest, name(chosen)):
+    print(f"your count, {chosen}, and the fastest, {fastest}, overlap over the repeats: too noisy here to tell; "
+          f"run again or use fewer threads")
+else:
+    print(f"the fastest was {fastest}, not your {chosen}: the two costs leave out the work a call does per token "
+          f"(pad_sequence's copy, the mask, the outputs cut back), which weighs most where lengths are short")
+
+# %% [markdown]
+# ## Measure (not checked): one padded batch vs buckets vs jagged
+
+# %%
 r = bench.compare({"one padded batch": lambda: attention.padded_attention(seqs),
-                   "2 buckets": lambda: bucketed_attention(seqs, 2),
+                   f"your {name(chosen)}": lambda: bucketed_attention(seqs, chosen),
                    "jagged nested": lambda: attention.jagged_attention(seqs)},
                   repeats=3, min_run_time=0.01 if QUICK else 0.1, device="cpu")
 print(bench.table(r))
