@@ -5,7 +5,7 @@ Each entry: id, kind ("lesson" or "lab"), path, title, learn (one line), minutes
 quick_seconds (measured quick-mode run time on a 2-core CPU), sections (the hardware sections, each
 {"name", "needs"}: the `requires(..., section=name)` calls in the notebook). Every notebook runs on a
 CPU-only machine; sections are what may be skipped. A lab also lists its exercises: their titles as the
-grader names them ("Exercise 1: softmax"; tests/test_progress.py holds them to helpers/grading/specs.py).
+grader names them ("Exercise 1: softmax"; tests/test_progress.py holds them to helpers/grading/specs/).
 
 Optional: "format": "course" marks a notebook in the course format (a core lesson with prediction prompts
 and a "your turn", or its deep dive; tests/test_course_format.py); "deep_dive_of": the id of the core

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 SOLUTION = nbformat.read(str(REPO / "labs" / "solutions" / "00_warmup_lab.ipynb"), as_version=4)
 ISOLATED = isolation.isolation_problem() is None
 JUDGE = Path(helpers.__file__).parent / "grading" / "judge.py"
-SPECS = Path(helpers.__file__).parent / "grading" / "specs.py"
+SPECS = Path(helpers.__file__).parent / "grading" / "specs" / "lab00.py"
 WRONG = "def softmax(x, dim=-1):\n    raise RuntimeError('wrong on purpose')\n"
 NOT_IMPLEMENTED = "def rms_norm(x, weight, eps=1e-6):\n    raise NotImplementedError\n"
 

@@ -75,7 +75,7 @@ def build_lab_04_kernel() -> None:
     process of its own, so that the class's calls find it in the extension cache under a short limit."""
     solution = nbformat.read(str(REPO / "labs" / "solutions" / "04_custom_op_lab.ipynb"), as_version=4)
     body = solution.cells[solution_cell(solution, "silu_mul_body")].source
-    code = (f"import torch\nfrom helpers.grading import checks as lab_checks\n{body}\n"
+    code = (f"import torch\nfrom helpers.grading.harnesses import lab04 as lab_checks\n{body}\n"
             "lab_checks.silu_mul_kernel(silu_mul_body, torch.rand(4), torch.rand(4))")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=600)
 

@@ -1,4 +1,4 @@
-"""The grader's cases can fail: for every exercise of every lab in grading_specs.SPECS, plausible wrong
+"""The grader's cases can fail: for every exercise of every lab in helpers.grading.specs.SPECS, plausible wrong
 answers (the mistakes learners make) fail at least one case, visible or hidden, and the feedback
 carries the hint meant for that mistake; the spec's reference and the solution notebook's function
 pass every case, so a failure here is the wrong answer's, not the spec's.
@@ -34,9 +34,10 @@ from helpers import attention, moe
 from helpers.checks import CheckFailed
 from helpers.data import item_generator
 from helpers.grading.checks import call_case, check, expected_result
-from helpers.grading import specs as gs
 from helpers.grading.judge import judge_case
 from helpers.grading.specs import SPECS
+from helpers.grading.specs import lab01 as spec01, lab02 as spec02, lab03 as spec03, lab04 as spec04
+from helpers.grading.specs import lab05 as spec05, lab09 as spec09
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = 0
@@ -285,7 +286,7 @@ def test_lab00_second_solutions_pass_every_case(function, fn):
 
 # --- Lab 01: data loading ------------------------------------------------------------------------
 
-BLUR = gs.BLUR
+BLUR = spec01.BLUR
 SCRATCH = torch.empty(3, 24, 24)
 _BUFFERS: dict = {}
 
@@ -434,22 +435,22 @@ def ordered_map_refill_first(fn, items, workers, prefetch=None, seed=0):
 
 def ordered_map_twice_workers(fn, items, workers, prefetch=None, seed=0):
     # a right answer: thread_map's and DataLoader's default (2 * workers), the most the exercise allows
-    yield from gs._ordered_map(fn, items, workers, 2 * workers if prefetch is None else prefetch, seed)
+    yield from spec01._ordered_map(fn, items, workers, 2 * workers if prefetch is None else prefetch, seed)
 
 
 def ordered_map_workers_ahead(fn, items, workers, prefetch=None, seed=0):
     # `workers` items in flight: one thread idles while the training loop holds each result
-    yield from gs._ordered_map(fn, items, workers, workers if prefetch is None else prefetch, seed)
+    yield from spec01._ordered_map(fn, items, workers, workers if prefetch is None else prefetch, seed)
 
 
 def ordered_map_four_times_workers(fn, items, workers, prefetch=None, seed=0):
     # every worker busy, but four times as many items held in memory
-    yield from gs._ordered_map(fn, items, workers, 4 * workers if prefetch is None else prefetch, seed)
+    yield from spec01._ordered_map(fn, items, workers, 4 * workers if prefetch is None else prefetch, seed)
 
 
 def ordered_map_one_ahead(fn, items, workers, prefetch=None, seed=0):
     # prefetch=None read as "one item ahead": every other worker idles
-    yield from gs._ordered_map(fn, items, workers, 1 if prefetch is None else prefetch, seed)
+    yield from spec01._ordered_map(fn, items, workers, 1 if prefetch is None else prefetch, seed)
 
 
 def ordered_map_keeps_futures(fn, items, workers, prefetch=None, seed=0):
@@ -471,7 +472,7 @@ def ordered_map_keeps_futures(fn, items, workers, prefetch=None, seed=0):
 
 def ordered_map_seed_zero(fn, items, workers, prefetch=None, seed=0):
     # seeds every item from 0, whatever `seed` says
-    yield from gs._ordered_map(fn, items, workers, prefetch, 0)
+    yield from spec01._ordered_map(fn, items, workers, prefetch, 0)
 
 
 def ordered_map_one_rng(fn, items, workers, prefetch=None, seed=0):
@@ -601,7 +602,7 @@ def _launcher(kernel):
     def launch_three_part(xs, alpha=0.5, block=256):
         flat = [x.contiguous().reshape(-1) for x in xs]
         outs = [torch.zeros_like(x) for x in flat]
-        total, _ = gs._combo_grid([x.numel() for x in flat], block)
+        total, _ = spec02._combo_grid([x.numel() for x in flat], block)
         for pid in range(total):
             kernel(pid, flat, outs, [x.numel() for x in flat], alpha, block)
         return [o.view(x.shape) for o, x in zip(outs, xs)]
@@ -703,7 +704,7 @@ def _kernel_sequential(pid, xs, ys, ns, alpha, block):
 
 def _with_kernel(body, source: str):
     """launch_three_part defined by `source` in a namespace whose three_part_kernel is `body` as a kernel."""
-    namespace = {"torch": torch, "F": F, "gs": gs, "three_part_kernel": _PyKernel(body)}
+    namespace = {"torch": torch, "F": F, "spec02": spec02, "three_part_kernel": _PyKernel(body)}
     exec(source, namespace)
     return namespace["launch_three_part"]
 
@@ -712,7 +713,7 @@ LAUNCH_ONCE = """
 def launch_three_part(xs, alpha=0.5, block=256):
     flat = [x.contiguous().reshape(-1) for x in xs]
     outs = [torch.empty_like(x) for x in flat]
-    total, _ = gs._combo_grid([x.numel() for x in flat], block)
+    total, _ = spec02._combo_grid([x.numel() for x in flat], block)
     if total:
         three_part_kernel[(total,)](flat[0], outs[0], flat[0].numel(), flat[1], outs[1], flat[1].numel(),
                                     flat[2], outs[2], flat[2].numel(), alpha, BLOCK=block)
@@ -750,7 +751,7 @@ def launch_separate_kernels(xs, alpha=0.5, block=256):
 
 def plan_always_sequential(numels, block):
     # do nothing clever: the sequential grid of exercise 1 whatever the sizes
-    total, _ = gs._combo_grid(numels, block)
+    total, _ = spec02._combo_grid(numels, block)
     return "sequential", total, 0
 
 
@@ -792,7 +793,7 @@ def plan_calls_inductor(numels, block):
     scheme = fusion.inductor_combo_dispatch_strategy(numels)
     if scheme == "round_robin":
         return (scheme, *fusion.round_robin_grid(numels, block))
-    return scheme, gs._combo_grid(numels, block)[0], 0
+    return scheme, spec02._combo_grid(numels, block)[0], 0
 
 
 def plan_second_solution(numels, block):
@@ -1058,12 +1059,12 @@ def ffn_padded_by_hand(xs, params, offs):
 
 def ffn_relu(xs, params, offs):
     # ReLU instead of GELU
-    return gs._fallback(torch.relu(gs._fallback(xs, params["w_up"], offs)), params["w_down"], offs)
+    return spec03._fallback(torch.relu(spec03._fallback(xs, params["w_up"], offs)), params["w_down"], offs)
 
 
 def ffn_gelu_tanh(xs, params, offs):
     # GELU's tanh approximation instead of the exact (erf) GELU
-    return gs._fallback(F.gelu(gs._fallback(xs, params["w_up"], offs), approximate="tanh"), params["w_down"], offs)
+    return spec03._fallback(F.gelu(spec03._fallback(xs, params["w_up"], offs), approximate="tanh"), params["w_down"], offs)
 
 
 def ffn_one_expert(xs, params, offs):
@@ -1435,7 +1436,7 @@ def int8_linear_bias_required(x, q, scales, bias):
 
 class _Int8Linear(nn.Module):
     """The lab's MyInt8Linear, on the spec's quantize_weight and int8_linear (or on `quantize`)."""
-    def __init__(self, linear, quantize=gs._quantize_weight):
+    def __init__(self, linear, quantize=spec05._quantize_weight):
         super().__init__()
         q, scales = quantize(linear.weight.detach())
         self.register_buffer("q", q)
@@ -1443,14 +1444,14 @@ class _Int8Linear(nn.Module):
         self.register_buffer("bias", linear.bias.detach().clone())
 
     def forward(self, x):
-        return gs._int8_linear(x, self.q, self.scales, self.bias)
+        return spec05._int8_linear(x, self.q, self.scales, self.bias)
 
 
 class _FakeQuantLinear(nn.Module):
     """Rounds the weight to int8 levels but stores it back as float32."""
     def __init__(self, linear):
         super().__init__()
-        q, scales = gs._quantize_weight(linear.weight.detach())
+        q, scales = spec05._quantize_weight(linear.weight.detach())
         self.register_buffer("weight", q.float() * scales[:, None])
         self.register_buffer("bias", linear.bias.detach().clone())
 
@@ -1502,7 +1503,7 @@ def quantize_model_library_layer(model):
     from helpers import quant
 
     def make(lin):
-        q, scales = gs._quantize_weight(lin.weight.detach())
+        q, scales = spec05._quantize_weight(lin.weight.detach())
         return quant.Int8WeightOnlyLinear(q, scales, lin.bias)
     return _swap(copy.deepcopy(model), make)
 
@@ -2570,20 +2571,20 @@ def find_slowdown_first_regression(report_ab, report_ac):
 
 def find_slowdown_gains(report_ab, report_ac):
     # the gains and their intervals, not the slowdowns
-    answer = gs._find_slowdown(report_ab, report_ac)
+    answer = spec09._find_slowdown(report_ab, report_ac)
     rows = {r["figure"]: r for r in report_ac["rows"] if r["workload"] == answer["workload"]}
     return answer | {"slowdowns": {f: (rows[f]["gain"], rows[f]["low"], rows[f]["high"]) for f in answer["slowdowns"]}}
 
 
 def find_slowdown_ends_kept(report_ab, report_ac):
     # inverted, but each end kept in its place: the interval comes out upside down
-    answer = gs._find_slowdown(report_ab, report_ac)
+    answer = spec09._find_slowdown(report_ab, report_ac)
     return answer | {"slowdowns": {f: (s, high, low) for f, (s, low, high) in answer["slowdowns"].items()}}
 
 
 def find_slowdown_every_row(report_ab, report_ac):
     # every row of the workload, the p99 rows that are not reported too
-    workload = gs._find_slowdown(report_ab, report_ac)["workload"]
+    workload = spec09._find_slowdown(report_ab, report_ac)["workload"]
     return {"workload": workload, "slowdowns": {r["figure"]: (1 / r["gain"], 1 / r["high"], 1 / r["low"])
                                                 for r in report_ac["rows"] if r["workload"] == workload
                                                 and r.get("stat") != "exact"}}
@@ -3345,11 +3346,11 @@ def silu_mul_registered():
     compiled cases as the notebook's cells register them; removed afterwards."""
     from helpers.ext import lab as _defines_the_op   # noqa: F401
     lib = torch.library.Library("labs_ext", "FRAGMENT")
-    torch.library.register_fake("labs_ext::silu_mul", gs._fake, lib=lib)
+    torch.library.register_fake("labs_ext::silu_mul", spec04._fake, lib=lib)
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*inputs)
-    torch.library.register_autograd("labs_ext::silu_mul", gs._backward, setup_context=setup_context, lib=lib)
+    torch.library.register_autograd("labs_ext::silu_mul", spec04._backward, setup_context=setup_context, lib=lib)
     yield
     lib._destroy()
 

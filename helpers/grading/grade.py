@@ -58,7 +58,7 @@ from helpers.processes import kill, memory_mb, process_tree
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SOLUTIONS = REPO / "labs" / "solutions"
-PROTECTED = [SOLUTIONS, REPO / "helpers" / "grading" / "specs.py", REPO / ".git", REPO / "runs"]
+PROTECTED = [SOLUTIONS, REPO / "helpers" / "grading" / "specs", REPO / ".git", REPO / "runs"]
 CPU_FACTOR = 10
 CALL_FLOOR_S, CELL_FLOOR_S, BUDGET_SLACK_S = 2.0, 10.0, 60.0
 WALL_FACTOR, WALL_FLOOR_S = 10, 120.0

@@ -6,7 +6,7 @@
 then, in course/: `nbgrader generate_assignment 00_warmup_lab`, release, collect, `nbgrader autograde
 00_warmup_lab`. nbgrader uses the same `### BEGIN SOLUTION` / `### END SOLUTION` markers as the labs,
 so generate_assignment replaces each solution with its own stub. Its autograder runs the labs' visible
-check cells only; `python -m helpers grade` also runs the hidden cases of helpers/grading/specs.py.
+check cells only; `python -m helpers grade` also runs the hidden cases of helpers/grading/specs/.
 
 How cells are marked, in each solution notebook:
 - a code cell with a `### BEGIN SOLUTION` line is the solution of the next exercise (Exercise 1, 2, ...,

@@ -76,6 +76,7 @@ def install_guard(protected: list[str], flags: list[str], allow_processes: bool 
     process_events = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                       "os.forkpty", "pty.spawn")
     roots = [os.path.realpath(p) for p in protected]
+    specs_folder = os.sep + os.path.join("grading", "specs") + os.sep   # the references, wherever the package is
     native_roots = [os.path.realpath(p) for p in native_library_roots] if allow_processes else []
 
     def is_native_library(path) -> bool:
@@ -88,8 +89,7 @@ def install_guard(protected: list[str], flags: list[str], allow_processes: bool 
         if isinstance(path, int):
             return False
         real = os.path.realpath(os.fsdecode(path))
-        return any(real == r or real.startswith(r + os.sep) for r in roots) or \
-            os.path.basename(real).startswith(("specs.", "grading_specs"))
+        return any(real == r or real.startswith(r + os.sep) for r in roots) or specs_folder in real + os.sep
 
     sandbox_file = os.path.realpath(__file__)
     import threading
@@ -193,24 +193,32 @@ def _roots() -> dict:
 
     import torch
 
-    import helpers.grading.checks as checks
+    import helpers.grading.harnesses as harnesses
     import helpers.grading.judge as judge
     return {"sys": sys, "threading": threading, "torch": torch, "os": os, "io": io, "pickle": pickle,
             "TorchFunctionMode": torch.overrides.TorchFunctionMode,
             "TorchDispatchMode": torch.utils._python_dispatch.TorchDispatchMode,
-            checks.__name__: checks, judge.__name__: judge, __name__: _SELF}
+            **{m.__name__: m for m in _harness_modules()}, harnesses.__name__: harnesses, judge.__name__: judge,
+            __name__: _SELF}
+
+
+def _harness_modules() -> tuple:
+    """The modules whose functions call the learner's code: the checks' core and each lab's harnesses."""
+    import helpers.grading.checks as checks
+    from helpers.grading.harnesses import MODULES
+    return (checks, *MODULES)
 
 
 def _originals() -> tuple:
     """What must still be the same object when a result leaves: the harness module's functions and their
     code, the recorder, the sender's tools, and what turns recording on and off."""
     roots = _roots()
-    found = {label: _current(label, roots) for label in WATCHED}
+    found = {label: _current(label, roots) for label in WATCHED + ("helpers.grading.harnesses.MODULES",)}
     # what torch.save reaches at call time, by module attribute: a patched private function forges results
     for prefix, module in (("torch.serialization", roots["torch"].serialization), ("io", roots["io"]),
                            ("pickle", roots["pickle"])):
         found |= {f"{prefix}.{name}": value for name, value in vars(module).items() if callable(value)}
-    for module in (roots["helpers.grading.checks"], roots["helpers.grading.judge"], _SELF):
+    for module in (*_harness_modules(), roots["helpers.grading.judge"], _SELF):
         for name, value in vars(module).items():
             if callable(value) and getattr(value, "__module__", None) == module.__name__:
                 found[f"{module.__name__}.{name}"] = value
@@ -296,7 +304,7 @@ def main(results_fd: int) -> int:
         # TRITON_INTERPRET=1 there before its first import, or a learner's interpreted kernel cannot call them
         os.environ.setdefault("TRITON_INTERPRET", "1")
     helpers.grading.checks.record_calls(lambda: torch.zeros(1) + 1, ("add",))   # imports torch._dynamo, once
-    harness_state = dict(vars(helpers.grading.checks))   # restored before the calls: cells may rebind names
+    harness_state = {m: dict(vars(m)) for m in _harness_modules()}   # restored before the calls: cells may rebind names
     originals = _originals()
     baseline_threads = set(threading.enumerate())
 
@@ -339,7 +347,8 @@ def main(results_fd: int) -> int:
             shell.run_cell("QUICK = True", store_history=False)
     send({"cells": cell_errors, "cell_cpu_seconds": cell_cpu, "flags": sorted(set(flags))})
 
-    vars(helpers.grading.checks).update(harness_state)
+    for module, state in harness_state.items():
+        vars(module).update(state)
     building_for = [None]     # a compiler run inside a call is a step of its own for the grader's limits
     import helpers.ext
     helpers.ext.BUILD_LISTENERS.append(lambda phase: send({"at": "build" if phase == "start" else building_for[0]}))

@@ -11,7 +11,7 @@
 #
 # Each exercise cell is followed by a check cell. A check prints `✅ ... passed`, or stops with `❌` and
 # a hint saying what was wrong (type, shape, dtype, values). `check(LAB, function)` runs the visible
-# cases of the lab's grading spec (`helpers/grading/specs.py`); `python -m helpers grade` runs the
+# cases of the lab's grading spec (`helpers/grading/specs/lab00.py`); `python -m helpers grade` runs the
 # same cases plus hidden ones on a secret seed: other sizes, dtypes and values, never a requirement the
 # text does not state. To grade your own notebook as the instructor does, put it in a folder and run
 # `python -m helpers grade 00_warmup_lab FOLDER`.

@@ -11,7 +11,7 @@
 #
 # Each exercise cell is followed by a check cell. A check prints `✅ ... passed`, or stops with `❌` and a
 # hint saying what was wrong. `check(LAB, function)` runs the visible cases of the lab's grading spec
-# (`helpers/grading/specs.py`); `python -m helpers grade` runs the same cases plus hidden ones.
+# (`helpers/grading/specs/lab01.py`); `python -m helpers grade` runs the same cases plus hidden ones.
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -118,7 +118,7 @@ for workers in (1, 4, 4, 4):
 # happens to pause one call at the wrong moment. So the check of exercise 1 does not wait for luck. It
 # makes the bad moment happen: it pauses a call after each of its torch operations in turn, runs a whole
 # call on another item on another thread right there, and then lets the first call finish
-# (`helpers.grading.checks.changed_by_a_call_between`). A call that shares nothing with other calls gives the
+# (`helpers.grading.harnesses.lab01.changed_by_a_call_between`). A call that shares nothing with other calls gives the
 # same result every time; a call that keeps a tensor where another call can reach it does not.
 #
 # ## Exercise 1: a thread-safe `augment(image, rng)`

@@ -10,7 +10,7 @@
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell: `✅ ... passed`, or `❌` with a hint. `check(LAB, function)`
-# runs the visible cases of the lab's grading spec (`helpers/grading/specs.py`); `python -m helpers
+# runs the visible cases of the lab's grading spec (`helpers/grading/specs/lab02.py`); `python -m helpers
 # grade` runs the same cases plus hidden ones.
 
 # %% tags=["colab-setup"]

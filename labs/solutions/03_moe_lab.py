@@ -10,7 +10,7 @@
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the
-# lab's grading spec (`helpers/grading/specs.py`), as `python -m helpers grade` does before its
+# lab's grading spec (`helpers/grading/specs/lab03.py`), as `python -m helpers grade` does before its
 # hidden ones: it prints `✅ ... passed`, or stops with `❌` and a hint (wrong offsets, wrong dtype, wrong
 # values, or a call to the function the exercise asks you to write). The timing after exercise 3 is
 # measured and printed, not checked.

@@ -261,7 +261,7 @@ check("04_custom_op_lab", swiglu_mlp)
 # %%
 import inspect
 
-from helpers.grading.checks import silu_mul_record_kernel
+from helpers.grading.harnesses.lab04 import silu_mul_record_kernel
 
 print(inspect.getsource(silu_mul_record_kernel))
 

@@ -248,7 +248,7 @@ assert zero_rows > 0, "no row rounded to all-zero codes: the per-tensor re-quant
 # ## Exercise 4: choose granularity and bit width under two budgets, on a labelled task
 #
 # The model above has no labels. This one has: the MLP of lesson 05's section 5 (64 → 128 → 128 → 10),
-# trained on scikit-learn's digits, with their 450 test images (`helpers.grading.checks.digits_model()`). As
+# trained on scikit-learn's digits, with their 450 test images (`helpers.grading.harnesses.lab05.digits_model()`). As
 # in many trained networks, its channels differ in scale: after training, `digits_model` multiplies fc1's
 # output channels by factors from 0.1 to 10 (and fc2's inputs, which are fc1's outputs, by their inverses,
 # so the function is the same).
@@ -273,7 +273,7 @@ assert zero_rows > 0, "no row rounded to all-zero codes: the per-tensor re-quant
 
 # %%
 from helpers.device import requires
-from helpers.grading.checks import PLAN_MAX_BYTES, PLAN_MAX_EXTRA_WRONG, digits_model, plan_report
+from helpers.grading.harnesses.lab05 import PLAN_MAX_BYTES, PLAN_MAX_EXTRA_WRONG, digits_model, plan_report
 
 HAVE_SKLEARN = requires("sklearn", section="Exercise 4 (scikit-learn digits)")
 if HAVE_SKLEARN:

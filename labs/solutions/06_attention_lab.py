@@ -10,7 +10,7 @@
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the
-# lab's grading spec (`helpers/grading/specs.py`), as `python -m helpers grade` does before its
+# lab's grading spec (`helpers/grading/specs/lab06.py`), as `python -m helpers grade` does before its
 # hidden ones: `✅ ... passed`, or `❌` with a hint. The cells after a check show your function at work
 # on this notebook's batch; the timings at the end are measured, not checked.
 
@@ -45,7 +45,8 @@ from torch import nn
 
 from helpers import attention
 from helpers.device import pick_device, quick_mode
-from helpers.grading.checks import check, padded_attention_calls
+from helpers.grading.checks import check
+from helpers.grading.harnesses.lab06 import padded_attention_calls
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()

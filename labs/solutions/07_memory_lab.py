@@ -133,7 +133,7 @@ check("07_memory_lab", keep_policy)
 # checkpointing, full checkpointing, `save_matmuls`'s rule and yours):
 
 # %%
-from helpers.grading.checks import kept_bytes_and_backward_flops
+from helpers.grading.harnesses.lab07 import kept_bytes_and_backward_flops
 
 policies = {"no checkpointing": None, "full (recompute all)": lambda ctx, op, *a, **k: CheckpointPolicy.PREFER_RECOMPUTE,
             "save_matmuls": memory.save_matmuls, "keep_policy": keep_policy}

@@ -147,7 +147,7 @@ check("08_debugging_lab", prepare)
 # %%
 import logging
 
-from helpers.grading.checks import recompiles
+from helpers.grading.harnesses.lab08 import recompiles
 
 def bounded(batch):
     torch._dynamo.mark_dynamic(batch, 0, min=1, max=512)
@@ -176,7 +176,7 @@ for name, mark in (("mark_dynamic(min=1, max=512)", bounded), ("maybe_mark_dynam
 import inspect
 import warnings
 
-from helpers.grading.checks import TokenHead, token_head
+from helpers.grading.harnesses.lab08 import TokenHead, token_head
 
 print(inspect.getsource(TokenHead.forward))
 head = token_head()

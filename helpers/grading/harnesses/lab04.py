@@ -1,0 +1,251 @@
+"""Lab 04 (the C++ custom op): the harnesses its cases name (`Case.call`), which build what cannot travel as
+tensors and measure what a value cannot show, and what its notebook imports beside `check`."""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+
+from helpers.grading.checks import _AtenNames
+
+
+def _is_silu_mul_reference(fn, function: str) -> bool:
+    specs = sys.modules.get("helpers.grading.specs")   # never imported in a submission's sandbox
+    return specs is not None and any(e.function == function and e.reference is fn
+                                     for e in specs.spec_for("04_custom_op_lab").exercises)
+
+
+def silu_mul_kernel(fn, gate, up):
+    """Build the body fn() returns into the op's CPU kernel, then run the op. The spec's reference body
+    is not built: its values are the PyTorch reference's. (Loading a library a second time registers
+    nothing, so building the reference between two cases would leave the learner's kernel in place and
+    compare it with itself; and the grader needs no compiler for the expected values.)"""
+    from helpers.ext import lab
+    if _is_silu_mul_reference(fn, "silu_mul_body"):
+        return lab.silu_mul_reference(gate, up)
+    lab.build_kernel(fn())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))    # so at::parallel_for splits a large input into chunks
+    try:
+        return torch.ops.labs_ext.silu_mul(gate, up)
+    finally:
+        torch.set_num_threads(threads)
+
+
+CHUNK_PROBE = r"""// Lab 04's check of one chunk: the learner's body alone, called on [begin, end) of an out full of NaN.
+#include <ATen/core/Tensor.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/full.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+namespace labs_lab {
+template <typename scalar_t>
+void silu_mul_chunk(const scalar_t* gate, const scalar_t* up, scalar_t* out, int64_t begin, int64_t end) {
+  using acc_t = at::opmath_type<scalar_t>;
+BODY
+}
+
+at::Tensor chunk_probe(const at::Tensor& gate, const at::Tensor& up, int64_t begin, int64_t end) {
+  // room past the inputs: a body that runs past its end writes there
+  at::Tensor out = at::full({gate.numel() + 4096}, std::numeric_limits<float>::quiet_NaN(), gate.options());
+  silu_mul_chunk<float>(gate.const_data_ptr<float>(), up.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
+                        begin, end);
+  return out;
+}
+}  // namespace labs_lab
+
+TORCH_LIBRARY(NAMESPACE, m) {
+  m.def("chunk(Tensor gate, Tensor up, int begin, int end) -> Tensor", &labs_lab::chunk_probe);
+}
+"""
+
+
+def chunk_writes(fn, n, begin, end) -> list[int]:
+    """Build the body fn() returns into a bare chunk function (no threads; its own op namespace, one per
+    body), call it once on the chunk [begin, end) of n float32 elements with `out` filled with NaN, and
+    return [first written index, last written index + 1, number written]: a body that loops from 0, not
+    from begin, writes elements of other chunks, which a whole-tensor run cannot show (same values)."""
+    if _is_silu_mul_reference(fn, "silu_mul_body"):
+        return [begin, end, end - begin]
+    import hashlib
+
+    from helpers.ext import build_and_load
+    body = fn().rstrip("\n")
+    namespace = "labs_probe_" + hashlib.sha256(body.encode()).hexdigest()[:16]
+    if not hasattr(torch.ops, namespace) or not hasattr(getattr(torch.ops, namespace), "chunk"):
+        build_and_load("labs_chunk_probe", CHUNK_PROBE.replace("BODY", body).replace("NAMESPACE", namespace),
+                       extra_cflags=("-O1",))
+    gen = torch.Generator().manual_seed(n)
+    gate, up = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    out = getattr(torch.ops, namespace).chunk(gate, up, begin, end)
+    written = (~out.isnan()).nonzero().flatten().tolist()
+    return [written[0], written[-1] + 1, len(written)] if written else [0, 0, 0]
+
+
+def on_meta(fn, gate, up):
+    """fn on meta tensors with the inputs' shapes, strides and dtypes: (shape, strides, dtype)."""
+    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (gate, up)]
+    out = fn(*meta)
+    return list(out.shape), list(out.stride()), str(out.dtype)
+
+
+def backward_of(fn, gate, up, grad):
+    """fn(ctx, grad) with ctx holding (gate, up), as setup_context saves them."""
+    ctx = type("Ctx", (), {"saved_tensors": (gate, up), "needs_input_grad": (True, True)})()
+    return tuple(fn(ctx, grad))
+
+
+class _silu_mul_reference_kernel:
+    """Exercise 4 is graded on its own: while its cases run, the PyTorch reference is the op's CPU kernel,
+    whatever exercise 1 registered (a wrong kernel, or none); the previous kernel is back afterwards."""
+    def __enter__(self):
+        from helpers.ext import lab
+        self.lib = torch.library.Library("labs_ext", "IMPL")
+        with warnings.catch_warnings():    # "Overriding a previously registered kernel": on purpose
+            warnings.simplefilter("ignore")
+            self.lib.impl("silu_mul", lab.silu_mul_reference, "CPU", allow_override=True)
+
+    def __exit__(self, *exc):
+        self.lib._destroy()
+
+
+def swiglu_values(fn, x, w_gate, w_up, w_down):
+    with _silu_mul_reference_kernel():
+        return fn(x, w_gate, w_up, w_down)
+
+
+def compiled_with_grads(fn, x, w_gate, w_up, w_down):
+    """fn compiled with fullgraph=True (aot_eager: tracing, fake kernel, autograd); its output and the
+    gradients of x and the three weights. The spec's reference runs eagerly: compiling it would make
+    Dynamo read helpers/grading/specs/, which a check cell in the grader's sandbox may not open."""
+    with _silu_mul_reference_kernel():
+        torch._dynamo.reset()
+        inputs = [t.clone().requires_grad_() for t in (x, w_gate, w_up, w_down)]
+        run = fn if _is_silu_mul_reference(fn, "swiglu_mlp") else torch.compile(fn, backend="aot_eager", fullgraph=True)
+        out = run(*inputs)
+        out.sum().backward()
+        return [out.detach()] + [t.grad for t in inputs]
+
+
+def uses_silu_mul(fn, x, w_gate, w_up, w_down) -> bool:
+    names: set[str] = set()
+    with _silu_mul_reference_kernel(), _AtenNames(names):
+        fn(x, w_gate, w_up, w_down)
+    return "silu_mul" in names
+
+
+def silu_mul_record_kernel(gate, up, out, amax):
+    """Lab 04's recording kernel: out = silu(gate) * up, and amax raised to the largest |out| seen so far
+    (a running maximum a scaling recipe can read). It computes the sigmoid in gate's storage to save a
+    temporary."""
+    out.copy_(gate)
+    gate.sigmoid_()
+    out.mul_(gate).mul_(up)
+    torch.maximum(amax, out.abs().amax().reshape(1), out=amax)
+
+
+_RECORD_OPS: dict[str, object] = {}
+
+
+def _record_op(schema: str):
+    """labs_record_<n>::silu_mul_record defined with `schema`, the recording kernel as its kernel and a
+    fake kernel that returns nothing; one namespace per schema (an op name is defined once per process)."""
+    if schema not in _RECORD_OPS:
+        namespace = f"labs_record_{len(_RECORD_OPS)}"
+        lib = torch.library.Library(namespace, "DEF")
+        lib.define("silu_mul_record" + schema)
+        lib.impl("silu_mul_record", silu_mul_record_kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{namespace}::silu_mul_record", lambda *args, **kwargs: None, lib=lib)
+        _RECORD_OPS[schema] = (lib, getattr(torch.ops, namespace).silu_mul_record.default)
+    return _RECORD_OPS[schema][1]
+
+
+def _record_schema(fn) -> tuple[str, object]:
+    """fn()'s schema text and torch's parse of it (the op's name is added here); raises ValueError for
+    what is not a schema of the kernel's four arguments."""
+    schema = fn()
+    if not isinstance(schema, str):
+        raise ValueError(f"return the schema as a str, got {type(schema).__name__}")
+    schema = schema.strip()
+    if not schema.startswith("("):
+        raise ValueError("write the schema from its argument list on, '(...) -> ...', without the op's name")
+    try:
+        parsed = torch._C.parse_schema("silu_mul_record" + schema)
+    except RuntimeError as exc:
+        raise ValueError(f"torch cannot parse the schema: {str(exc).splitlines()[0]}") from None
+    names = [a.name for a in parsed.arguments]
+    if names != ["gate", "up", "out", "amax"]:
+        raise ValueError(f"the schema's arguments are {names}; the kernel's are gate, up, out, amax, in that order")
+    return schema, parsed
+
+
+def _record_args(shape, dtype):
+    gen = torch.Generator().manual_seed(len(shape))
+    return {"gate": torch.randn(shape, generator=gen).to(dtype), "up": torch.randn(shape, generator=gen).to(dtype),
+            "out": torch.empty(shape, dtype=dtype), "amax": torch.zeros(1, dtype=dtype)}
+
+
+def record_arguments(fn) -> str:
+    _, parsed = _record_schema(fn)
+    return ", ".join(a.name for a in parsed.arguments)
+
+
+def record_returns(fn) -> str:
+    _, parsed = _record_schema(fn)
+    return "returns nothing" if not parsed.returns else f"returns {len(parsed.returns)} value(s)"
+
+
+def record_aliased_returns(fn) -> str:
+    _, parsed = _record_schema(fn)
+    aliased = sum(r.alias_info is not None for r in parsed.returns)
+    return "no output aliases an argument" if not aliased else f"{aliased} output(s) alias an argument"
+
+
+def record_letters(fn) -> str:
+    """Whether the schema's annotated arguments each have an alias letter of their own (a letter shared says
+    the arguments may be one tensor)."""
+    _, parsed = _record_schema(fn)
+    by_letter: dict[str, list[str]] = {}
+    for a in parsed.arguments:
+        for letter in a.alias_info.before_set if a.alias_info is not None else ():
+            by_letter.setdefault(letter, []).append(a.name)
+    shared = {letter: names for letter, names in by_letter.items() if len(names) > 1}
+    if not shared:
+        return "a letter of its own for each written argument"
+    return "; ".join(f"the letter {letter!r} on {', '.join(names)}" for letter, names in shared.items())
+
+
+def record_opcheck(fn, shape, dtype: str) -> str:
+    """torch.library.opcheck on the recording op defined with fn()'s argument list and '-> ()' (the
+    returns have cases of their own), called as the schema says (keyword-only arguments by name): "every
+    opcheck test passes", or the first failing test and the first line of its message."""
+    schema, parsed = _record_schema(fn)
+    arguments = schema[:schema.rindex("->")].rstrip()
+    args = _record_args(shape, getattr(torch, dtype))
+    positional = tuple(args[a.name] for a in parsed.arguments if not a.kwarg_only)
+    keywords = {a.name: args[a.name] for a in parsed.arguments if a.kwarg_only}
+    result = torch.library.opcheck(_record_op(arguments + " -> ()"), positional, keywords, raise_exception=False)
+    failed = [(test, outcome) for test, outcome in result.items() if outcome != "SUCCESS"]
+    if not failed:
+        return "every opcheck test passes"
+    test, outcome = failed[0]
+    return f"{test} fails: {str(outcome).splitlines()[0][:200]}"
+
+
+def record_declarations(fn) -> str:
+    """How the schema's written arguments (an alias annotation with '!') compare with the ones the kernel
+    writes, in counts only (naming them would give the answer away)."""
+    _, parsed = _record_schema(fn)
+    declared = {a.name for a in parsed.arguments if a.alias_info is not None and a.alias_info.is_write}
+    args = {**_record_args((4, 6), torch.float32), "out": torch.zeros(4, 6)}
+    before = {name: t.clone() for name, t in args.items()}
+    silu_mul_record_kernel(**args)
+    written = {name for name, t in args.items() if not torch.equal(t, before[name])}
+    missing, extra = len(written - declared), len(declared - written)
+    if not missing and not extra:
+        return "declares exactly the arguments the kernel writes"
+    return f"{missing} argument(s) written but not declared, {extra} declared but only read"

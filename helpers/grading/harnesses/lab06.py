@@ -1,0 +1,108 @@
+"""Lab 06 (attention): the harnesses its cases name (`Case.call`), which build what cannot travel as
+tensors and measure what a value cannot show, and what its notebook imports beside `check`."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def broadcast_mask(fn, lengths, max_len, heads):
+    """The mask broadcast to (batch, heads, max_len, max_len), as SDPA broadcasts it."""
+    mask = fn(lengths, max_len)
+    return mask.expand(len(lengths), heads, max_len, max_len)
+
+
+def offsets_as_int64(fn, seqs) -> torch.Tensor:
+    """pack's offsets (its second result) as int64: their values, whatever their dtype."""
+    return torch.as_tensor(fn(seqs)[1]).to(torch.int64)
+
+
+def offsets_dtype(fn, seqs) -> str:
+    return str(torch.as_tensor(fn(seqs)[1]).dtype)
+
+
+def max_len_kind(fn, seqs) -> str:
+    """What pack's third result is, in words that do not give the length away."""
+    value = fn(seqs)[2]
+    if type(value) is not int:
+        return f"a {type(value).__name__}, not a Python int"
+    return "the longest length" if value == max(s.shape[0] for s in seqs) else "an int, not the longest length"
+
+
+def backend_of(fn, q, k, v, **kwargs) -> str:
+    from helpers.attention import backend_from_ops
+    return backend_from_ops(fn(q, k, v, **kwargs))
+
+
+def padded_attention_calls(fn, *args, **kwargs) -> list[list[int]]:
+    """fn(*args, **kwargs) with the sequence lengths of each attention.padded_attention call it makes
+    recorded: a list per call, in call order (how a bucketing function's buckets are seen)."""
+    from helpers import attention
+    code = attention.padded_attention.__code__
+    buckets: list[list[int]] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            buckets.append([s.shape[0] for s in frame.f_locals["seqs"]])
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        fn(*args, **kwargs)
+    finally:
+        sys.setprofile(previous)
+    return buckets
+
+
+def buckets_are_sorted_runs(fn, seqs, n_buckets) -> bool:
+    """The lengths of each attention.padded_attention call fn makes: n_buckets calls (fewer only when
+    there are fewer sequences), each a run of consecutive lengths in sorted order."""
+    buckets = sorted((b for b in padded_attention_calls(fn, seqs, n_buckets) if b), key=min)
+    ordered = all(max(a) <= min(b) for a, b in zip(buckets, buckets[1:]))
+    return ordered and len(buckets) == min(n_buckets, len(seqs)) and sum(map(len, buckets)) == len(seqs)
+
+
+def dense_mask(fn, lengths, prefix) -> torch.Tensor:
+    """The (total, total) boolean mask of the mask_mod fn(lengths, prefix) returns, built as
+    create_block_mask builds it: create_mask, one vmapped call over every (q_idx, kv_idx) pair."""
+    from torch.nn.attention.flex_attention import create_mask
+    total = sum(lengths)
+    return create_mask(fn(list(lengths), prefix), None, None, total, total, device="cpu")[0, 0]
+
+
+BUCKET_COUNT_OK = "the cheapest count, or within 2% of it"
+
+
+def _runs(lengths, n_buckets, split: str) -> list[list[int]]:
+    """The sorted lengths cut into n_buckets runs, as exercise 4 accepts them: by tensor_split (the longer
+    runs first), or at the boundaries b * len // n_buckets."""
+    ordered = sorted(lengths)
+    if split == "tensor_split":
+        return [r.tolist() for r in torch.tensor(ordered).tensor_split(n_buckets)]
+    return [ordered[b * len(ordered) // n_buckets:(b + 1) * len(ordered) // n_buckets] for b in range(n_buckets)]
+
+
+def _bucketing_cost(lengths, n_buckets, call_cost, entry_cost, split: str = "tensor_split") -> float:
+    """What exercise 4's buckets cost: per padded call, call_cost plus entry_cost per (query, key) score it
+    computes, padding included (the bucket's size times its longest length squared)."""
+    return sum(call_cost + entry_cost * len(r) * max(r) ** 2 for r in _runs(lengths, n_buckets, split) if r)
+
+
+def bucket_count_verdict(fn, lengths, call_cost, entry_cost, max_buckets) -> str:
+    """Whether the count fn chooses makes exercise 4's bucketing (either split it accepts) cheapest under the two
+    costs, and if not, which way it is off (without the count)."""
+    count = fn(list(lengths), call_cost, entry_cost, max_buckets)
+    if type(count) is not int:
+        return f"a {type(count).__name__}, not a Python int"
+    if not 1 <= count <= max_buckets:
+        return f"{count} is not a count from 1 to max_buckets ({max_buckets})"
+    ratios = {}
+    for split in ("tensor_split", "boundaries"):
+        costs = {n: _bucketing_cost(lengths, n, call_cost, entry_cost, split) for n in range(1, max_buckets + 1)}
+        ratios[split] = costs[count] / min(costs.values()), min(costs, key=costs.get)
+    if min(ratio for ratio, _ in ratios.values()) <= 1.02:
+        return BUCKET_COUNT_OK
+    ratio, cheapest = ratios["tensor_split"]
+    side = ("too many buckets: the calls they add cost more than the padding they remove" if count > cheapest else
+            "too few buckets: the padding they leave costs more than the calls they save")
+    return f"{side} (your count costs {ratio:.2f}x the cheapest)"

@@ -1,0 +1,51 @@
+"""The shapes every lab's spec is written in: a Case (one call of the learner's function, with what is
+checked), an Exercise (one function the lab asks for, its cases and reference, what it refuses) and a LabSpec
+(a lab's exercises)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str                          # what is checked, shown in the feedback
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    hidden: bool = False               # not among the student copy's checks
+    raises: str | None = None          # the exception class name expected instead of a result
+    match: str | None = None           # ... whose message contains this
+    atol: float = 1e-5
+    rtol: float = 1e-4
+    hint: str = ""
+    call: str | None = None            # a harness (helpers.grading.checks or the lab's module
+                                       # of helpers.grading.harnesses) that calls the function (builds a
+                                       # generator, a model, a path); None: function(*args, **kwargs)
+    expected: object = None            # with expect_value: this value, not the reference's result
+    expect_value: bool = False
+
+
+@dataclass(frozen=True)
+class Exercise:
+    title: str                         # "Exercise 1: softmax"
+    function: str                      # the name the student's notebook defines
+    cases: Callable[[torch.Generator], list[Case]]
+    reference: Callable[..., object]
+    points: float = 1.0
+    forbidden: tuple[str, ...] = ()    # what the exercise asks the student to write without: torch function
+                                       # and aten op names (softmax, _softmax), or dotted paths of Python
+                                       # functions and classes (helpers.moe.permute, torch.compile)
+    refused: str = ""                  # why they are refused, and what the exercise wants instead: the hint
+                                       # of a case that reached one of them
+    needs: tuple[str, ...] = ()        # capabilities (helpers.device's names, as the lab's requires()) without
+                                       # which the exercise is not gradable on the grading machine
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    lab: str                           # the manifest id
+    exercises: tuple[Exercise, ...]
+    allow_processes: bool = False      # True for labs whose code starts processes (Triton, torch.compile
+                                       # workers, C++ builds); a submission could then read files that way
