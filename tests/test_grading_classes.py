@@ -1,6 +1,6 @@
 """Every gradable lab graded as a small class: the solution (full marks), the untouched student copy
-(zero), a partial one (exercise 1 only); in the labs whose harness differs (threads, Triton, a C++ build,
-the warm-up), also one that crashes, one that hangs and one adversarial (all three in the last exercise,
+(zero), a partial one (exercise 1 only); in the labs whose harness differs (threads, Triton, a C++ build),
+also one that crashes, one that hangs and one adversarial (all three in the last exercise,
 which no other exercise calls): the grader handles those three the same way in every lab, so the other labs
 leave them out to keep the suite's time. The grader's scores.csv, with its seconds column, is the table of
 the closing notes."""
@@ -20,8 +20,9 @@ from helpers.grading.grade import grade_submissions
 from helpers.grading.specs import SPECS, spec_for
 
 REPO = Path(__file__).resolve().parent.parent
-LABS = sorted(SPECS)
-FULL_CLASS_LABS = ("00_warmup_lab", "01_data_loading_lab", "02_fusion_lab", "04_custom_op_lab")
+# lab 00's class (solution, partial, crash, hangs, adversarial and more) is tests/test_grading.py's
+LABS = sorted(set(SPECS) - {"00_warmup_lab"})
+FULL_CLASS_LABS = ("01_data_loading_lab", "02_fusion_lab", "04_custom_op_lab")
 FAILING_KINDS = ("crash", "hang", "adversarial")
 BLOCK = re.compile(rf"^([ \t]*){re.escape(BEGIN)}[^\n]*\n.*?^[ \t]*{re.escape(END)}[^\n]*$", re.S | re.M)
 

@@ -2408,8 +2408,12 @@ def _round_medians(rounds_a, rounds_b, stat=np.median):
 SIX_ROUNDS = "times, 6 rounds with slow stretches shared by each pair, B about 10% slower"   # Ex 1's first data
 
 
+T_TABLE_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+               10: 2.228}    # Student's t, 97.5% quantile by degrees of freedom, as a printed table gives it
+
+
 def _paired_answer(stat=np.median, quantile=None, ddof=1, arithmetic=False, ignore_better=False, df_offset=-1,
-                   level=0.975, min_pairs=2):
+                   level=0.975, min_pairs=2, table=None):
     """paired_interval with one thing changed (the right answer with the defaults)."""
     from helpers.validation import stats
 
@@ -2420,7 +2424,8 @@ def _paired_answer(stat=np.median, quantile=None, ddof=1, arithmetic=False, igno
         lower = better == "lower" or ignore_better
         d = np.log(ma / mb) if lower else np.log(mb / ma)
         k = len(d)
-        half = (quantile or stats.t_quantile(level, k + df_offset)) * d.std(ddof=ddof) / np.sqrt(k)
+        t = quantile or (table[k - 1] if table else stats.t_quantile(level, k + df_offset))
+        half = t * d.std(ddof=ddof) / np.sqrt(k)
         gain = (ma.mean() / mb.mean() if lower else mb.mean() / ma.mean()) if arithmetic else np.exp(d.mean())
         return float(gain), float(np.exp(d.mean() - half)), float(np.exp(d.mean() + half))
     return paired_interval
@@ -2433,6 +2438,7 @@ paired_ignores_better = _paired_answer(ignore_better=True)  # A / B for a throug
 paired_round_means = _paired_answer(stat=np.mean)         # each round summarised by its mean
 paired_k_df = _paired_answer(df_offset=0)                 # k degrees of freedom, not k - 1
 paired_t95 = _paired_answer(level=0.95)                   # the 95% quantile: a 90% two-sided interval
+paired_t_table = _paired_answer(table=T_TABLE_975)       # right: t from a printed table, to 3 decimals
 paired_no_pair_count = _paired_answer(min_pairs=1)        # one pair left to stats.t_quantile, whose ValueError
                                                           # (0 degrees of freedom) says nothing of pairs
 
@@ -2763,8 +2769,8 @@ def pairs_second(gains, change):
     return k if k <= 1000 else None
 
 
-SECOND_SOLUTIONS_09 = [("paired_interval", paired_second), ("decide", decide_second),
-                       ("find_slowdown", find_slowdown_second), ("find_drift", find_drift_second),
+SECOND_SOLUTIONS_09 = [("paired_interval", paired_second), ("paired_interval", paired_t_table),
+                       ("decide", decide_second), ("find_slowdown", find_slowdown_second), ("find_drift", find_drift_second),
                        ("checkpoint_workload", checkpoint_second), ("pairs_needed", pairs_second)]
 
 

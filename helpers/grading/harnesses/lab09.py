@@ -9,6 +9,10 @@ from helpers.grading.checks import _in_library, _unrecorded
 from helpers.grading.judge import plain_name
 
 
+INTERVAL_RTOL = 2e-4   # a t read from a printed table to 3 decimals moves an end by under 1e-4 in the lab's cases;
+                       # each mistake named below moves one by 9e-4 or more
+
+
 def interval_named(fn, rounds_a, rounds_b, better) -> tuple[str, float, float]:
     """fn's 95% interval as (what it is, low, high): "the 95% t interval on the paired log-gains" when its ends
     are that interval's, else the usual mistake nearest to them (each changes one ingredient), else "another
@@ -31,7 +35,7 @@ def interval_named(fn, rounds_a, rounds_b, better) -> tuple[str, float, float]:
     def around_the_mean(half):
         return math.exp(d.mean() - half), math.exp(d.mean() + half)
 
-    if distance((right["low"], right["high"])) <= 1e-6:
+    if distance((right["low"], right["high"])) <= INTERVAL_RTOL:
         return "the 95% t interval on the paired log-gains", low, high
     mistakes = {
         "an interval with the normal quantile 1.96 where Student's t with k - 1 degrees of freedom belongs "

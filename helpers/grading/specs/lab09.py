@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from helpers.grading.harnesses.lab09 import INTERVAL_RTOL
 from helpers.grading.specs.core import Case, Exercise, LabSpec
 
 
@@ -65,7 +66,7 @@ def _paired_cases(gen):
                                       _rounds(gen, [10.0] * 8, [1.0, 0.8] * 4, 0.1, 7), "higher"), True, gain),
             ("identical rounds", ([[1.0, 2.0]] * 3, [[1.0, 2.0]] * 3, "lower"), True, gain)):
         cases.append(Case(f"{name}: the gain", args, call="first", rtol=1e-6, atol=0, hidden=hidden, hint=hint))
-        cases.append(Case(f"{name}: the 95% interval", args, call="interval_named", rtol=1e-6, atol=0,
+        cases.append(Case(f"{name}: the 95% interval", args, call="interval_named", rtol=INTERVAL_RTOL, atol=0,
                           hidden=hidden, hint=width))
     bad = "check that both sides have the same number of rounds, at least two, and say so in a ValueError"
     cases += [Case("3 rounds against 4: a ValueError", (a3, a6[:4], "lower"), raises="ValueError", hint=bad),
