@@ -155,6 +155,35 @@ def test_judge_case_hints():
     assert "does not mention 'weight'" in judge_case(ex, raises, None, got)
 
 
+def test_missing_the_central_point_caps_the_exercise():
+    """A softmax that is right everywhere but on the fully masked row (NaN there) passes most cases, and keeps
+    only CENTRAL_CAP of the exercise's points; a right one keeps them all."""
+    from helpers.grading.checks import call_case, expected_result
+    from helpers.grading.grade import grade_one
+    from helpers.grading.specs.core import CENTRAL_CAP
+    spec = spec_for("00_warmup_lab")
+    softmax_ex, rms_ex = spec.exercises
+    cases = {ex.function: ex.cases(torch.Generator().manual_seed(3)) for ex in spec.exercises}
+    expected = {ex.function: [expected_result(ex, c) for c in cases[ex.function]] for ex in spec.exercises}
+
+    def nan_on_masked_rows(x, dim=-1):
+        e = (x - x.amax(dim, keepdim=True)).exp()
+        return e / e.sum(dim, keepdim=True)
+
+    def run_of(fn):
+        results = {ex.function: {"defined": True, "cases": [call_case(fn if ex is softmax_ex else ex.reference,
+                                                                       c.args, c.kwargs, c.call, ex.forbidden)
+                                                             for c in cases[ex.function]]} for ex in spec.exercises}
+        return {"results": results, "faults": {}, "flags": [], "stops": []}
+    row = grade_one("nan", run_of(nan_on_masked_rows), spec, cases, expected, "isolated")
+    assert row["scores"][softmax_ex.title] == CENTRAL_CAP * softmax_ex.points, row["lines"]
+    assert any("capped at 25%" in line and "fully masked row" in line for line in row["lines"])
+    right = grade_one("right", run_of(lambda x, dim=-1: nan_on_masked_rows(x, dim).nan_to_num()), spec, cases,
+                      expected, "isolated")
+    assert right["scores"][softmax_ex.title] == softmax_ex.points, right["lines"]
+    assert all(c.central for c in cases["softmax"] if "fully masked" in c.name and "float16" not in c.name)
+
+
 def test_unknown_lab_and_missing_folder_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="no grading spec for lab 'nope'"):
         spec_for("nope")

@@ -53,6 +53,7 @@ from helpers.grading.report import feedback, scores_csv
 from helpers.grading.scan import RUNTIME_INTERNALS, interpreter_internals
 from helpers.grading.messages import UNREADABLE, frames
 from helpers.grading.specs import LabSpec, spec_for
+from helpers.grading.specs.core import CENTRAL_CAP
 from helpers.env import HEADLESS_ENV
 from helpers.processes import kill, memory_mb, process_tree
 
@@ -412,7 +413,7 @@ def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dic
     not_gradable = []
     for ex in spec.exercises:
         got = run["results"].get(ex.function)
-        lines, passed = [], 0
+        lines, passed, missed = [], 0, []
         lacking = not_gradable_here(ex, got)
         if lacking:
             not_gradable.append(f"{ex.title.split(':')[0]} needs {lacking}")
@@ -437,7 +438,14 @@ def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dic
                     problem = f"{first} (hidden check)" + (f"\n{rest}" if rest else "")
                 lines.append(f"✅ {label}: passed" if problem is None else problem)
                 passed += problem is None
-        row["scores"][ex.title] = round(ex.points * passed / len(cases[ex.function]), 2)
+                if problem is not None and case.central:
+                    missed.append(case.name)
+        score = ex.points * passed / len(cases[ex.function])
+        if missed and score > CENTRAL_CAP * ex.points:
+            score = CENTRAL_CAP * ex.points
+            lines.append(f"⚠ {ex.title}: capped at {CENTRAL_CAP:.0%} of its points: it misses the exercise's central "
+                         f"point ({missed[0]})")
+        row["scores"][ex.title] = round(score, 2)
         row["lines"] += lines
     row["total"] = round(sum(s for s in row["scores"].values() if s is not None), 2)
     row["max"] = sum(e.points for e in spec.exercises if row["scores"][e.title] is not None)

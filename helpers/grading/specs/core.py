@@ -9,6 +9,9 @@ from typing import Callable
 import torch
 
 
+CENTRAL_CAP = 0.25    # the most of an exercise's points an answer that misses its central point keeps
+
+
 @dataclass(frozen=True)
 class Case:
     name: str                          # what is checked, shown in the feedback
@@ -25,6 +28,8 @@ class Case:
                                        # generator, a model, a path); None: function(*args, **kwargs)
     expected: object = None            # with expect_value: this value, not the reference's result
     expect_value: bool = False
+    central: bool = False              # checks the exercise's central point: failing it caps the exercise at
+                                       # CENTRAL_CAP of its points, whatever else passed
 
 
 @dataclass(frozen=True)
