@@ -184,6 +184,23 @@ def test_missing_the_central_point_caps_the_exercise():
     assert all(c.central for c in cases["softmax"] if "fully masked" in c.name and "float16" not in c.name)
 
 
+def test_an_earlier_exercise_is_substituted_while_a_later_one_is_graded():
+    """A later exercise that calls the learner's earlier function runs with the public one in its place
+    (Exercise.substitutes), so a mistake there costs marks once; the notebook's name is back afterwards."""
+    from helpers.grading.checks import call_case
+    namespace = {"torch": torch}
+    exec("def fallback(xs, w, offs):\n    return xs[:, :w.shape[2]] * 0\n"     # a wrong earlier answer
+         "def later(xs, w, offs):\n    return fallback(xs, w, offs) + 1\n", namespace)
+    wrong = namespace["fallback"]
+    xs, w, offs = torch.randn(6, 4), torch.randn(2, 4, 3), torch.tensor([2, 6], dtype=torch.int32)
+    got = call_case(namespace["later"], (xs, w, offs), {}, None, (), (("fallback", "helpers.moe.loop_gemm"),))
+    from helpers.moe import loop_gemm
+    assert got["raised"] is None and torch.allclose(got["value"], loop_gemm(xs, w, offs) + 1)
+    assert namespace["fallback"] is wrong
+    got = call_case(namespace["later"], (xs, w, offs), {}, None)
+    assert torch.equal(got["value"], torch.ones(6, 3))
+
+
 def test_unknown_lab_and_missing_folder_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="no grading spec for lab 'nope'"):
         spec_for("nope")

@@ -68,7 +68,8 @@ def run_cases(lab: str, fn, function: str, reference: bool = False) -> list[tupl
         if reference and case.raises:
             continue
         args, kwargs = copy.deepcopy((case.args, case.kwargs))      # a wrong answer may write into its inputs
-        got = call_case(fn, args, kwargs, case.call, () if reference else exercise.forbidden)
+        got = call_case(fn, args, kwargs, case.call, () if reference else exercise.forbidden,
+                        () if reference else exercise.substitutes)
         problem = judge_case(exercise, case, want, got)
         if problem is not None:
             failed.append((case.name, problem))

@@ -202,10 +202,33 @@ def is_untouched_stub(fn) -> bool:
         any(isinstance(c, str) and c.endswith(STUB_TEXT) for c in code.co_consts)
 
 
-def call_case(fn: Callable, args, kwargs, call: str | None, forbidden=()) -> dict:
+@contextlib.contextmanager
+def substituted(fn: Callable, substitutes):
+    """fn's globals with each (name, dotted path) pair bound to that public function, as they were after."""
+    namespace = getattr(inspect.unwrap(fn), "__globals__", None) if substitutes else None
+    if namespace is None:
+        yield
+        return
+    missing = object()
+    before = {name: namespace.get(name, missing) for name, _ in substitutes}
+    for name, dotted in substitutes:
+        module, _, attr = dotted.rpartition(".")
+        namespace[name] = getattr(importlib.import_module(module), attr)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is missing:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
+
+
+def call_case(fn: Callable, args, kwargs, call: str | None, forbidden=(), substitutes=()) -> dict:
     """One case as the grader sees it: {"value", "raised", "torch_calls"}; the value as returned (the
     sandbox makes it plain before it travels). An untouched stub is not called (a harness could describe a
-    failure it never had): it raised NotImplementedError, as it would."""
+    failure it never had): it raised NotImplementedError, as it would. `substitutes`: the exercise's
+    (global name, public function) pairs, bound in fn's globals while it runs (Exercise.substitutes)."""
     record = {"value": None, "raised": None, "torch_calls": []}
     if is_untouched_stub(fn):
         record["raised"] = {"type": "NotImplementedError", "message": f"not started{STUB_TEXT}"}
@@ -213,7 +236,8 @@ def call_case(fn: Callable, args, kwargs, call: str | None, forbidden=()) -> dic
     calls: list[str] = []
 
     def run():
-        value, reached = record_calls(lambda: harness(call)(fn, *args, **kwargs), forbidden)
+        with substituted(fn, substitutes):
+            value, reached = record_calls(lambda: harness(call)(fn, *args, **kwargs), forbidden)
         calls.extend(reached)
         return value
     try:
@@ -246,7 +270,7 @@ def check(lab: str, fn: Callable, function: str | None = None, seed: int = 0) ->
         raise ValueError(f"{lab} has no exercise named {name!r}")
     for case in [c for c in exercise.cases(torch.Generator().manual_seed(seed)) if not c.hidden]:
         expected = expected_result(exercise, case)
-        got = call_case(fn, case.args, case.kwargs, case.call, exercise.forbidden)
+        got = call_case(fn, case.args, case.kwargs, case.call, exercise.forbidden, exercise.substitutes)
         problem = judge_case(exercise, case, expected, got)
         if problem is not None:
             raise CheckFailed(problem)

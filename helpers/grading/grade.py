@@ -494,7 +494,7 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
     cases = {ex.function: ex.cases(gen) for ex in spec.exercises}
     expected = {ex.function: [expected_result(ex, c) for c in cases[ex.function]] for ex in spec.exercises}
     inputs = {name: [{"args": list(c.args), "kwargs": dict(c.kwargs), "call": c.call,
-                      "forbidden": list(ex.forbidden)} for c in cs]
+                      "forbidden": list(ex.forbidden), "substitutes": [list(p) for p in ex.substitutes]} for c in cs]
               for ex in spec.exercises for name, cs in [(ex.function, cases[ex.function])]}
     protected = PROTECTED + [Path(submissions).resolve(), out.resolve()]
     workers = workers or default_workers()

@@ -311,8 +311,9 @@ def main(results_fd: int) -> int:
     nb = nbformat.reads(job["notebook"], as_version=4)
     # what the calls use, as tuples: a submission that reaches this frame cannot change them
     exercises = tuple((name, limits["call_cpu_seconds"][name],
-                       tuple((tuple(c["args"]), tuple(c["kwargs"].items()), c["call"], tuple(c["forbidden"]))
-                             for c in job["inputs"][name])) for name in job["exercises"])
+                       tuple((tuple(c["args"]), tuple(c["kwargs"].items()), c["call"], tuple(c["forbidden"]),
+                              tuple(tuple(p) for p in c["substitutes"])) for c in job["inputs"][name]))
+                      for name in job["exercises"])
     cell_limits, cell_default = dict(limits["cell_cpu_seconds"]), limits["cell_cpu_default"]
     skip_cells = tuple(job["skip_cells"])
     protected, allow_processes = tuple(job["protected"]), job["allow_processes"]
@@ -357,7 +358,7 @@ def main(results_fd: int) -> int:
         send({"at": name})
         fn = shell.user_ns.get(name)
         entry = {"defined": callable(fn), "cases": []}
-        for args, kwargs, call, forbidden in cases if callable(fn) else ():
+        for args, kwargs, call, forbidden, substitutes in cases if callable(fn) else ():
             send({"at": name})   # each case is a step of its own for the grader's limits
             record = {"value": None, "raised": None, "torch_calls": [], "cpu_seconds": 0.0, "tampered": []}
             last = entry["cases"][-1]["raised"] if entry["cases"] else None
@@ -369,7 +370,7 @@ def main(results_fd: int) -> int:
             start = time.process_time()
             _limit(call_cpu_limit)
             try:
-                record.update(call_case(fn, list(args), dict(kwargs), call, forbidden))
+                record.update(call_case(fn, list(args), dict(kwargs), call, forbidden, substitutes))
                 _limit(0)
                 record["value"] = _plain(record["value"])
             except BaseException as exc:   # the time limit (CellTimeout), or a failure of the harness itself

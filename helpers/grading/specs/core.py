@@ -46,6 +46,10 @@ class Exercise:
                                        # of a case that reached one of them
     needs: tuple[str, ...] = ()        # capabilities (helpers.device's names, as the lab's requires()) without
                                        # which the exercise is not gradable on the grading machine
+    substitutes: tuple[tuple[str, str], ...] = ()   # (name, dotted path of a public function): while this
+                                       # exercise's cases run, the learner's global `name` (an earlier
+                                       # exercise's function) is that function, so an earlier mistake costs
+                                       # marks in its own exercise only
 
 
 @dataclass(frozen=True)
