@@ -228,18 +228,19 @@ def _write_colab_cells(args) -> int:
 
 
 def _write_verified(args) -> int:
-    """notebooks verified --matrix M.json [PATHS]: each card's "Verified with torch" from a merged matrix."""
+    """notebooks verified [--matrix M.json] [PATHS]: each card's "Verified with torch" from a merged matrix
+    (without one, the card's matrix part stays) and from the GPU checks kept in helpers/recorded/."""
     from helpers import manifest, notebooks
-    if not args.matrix:
-        raise SystemExit("notebooks verified needs --matrix runs/matrix/matrix.json (python -m helpers report)")
-    matrix = json.loads(Path(args.matrix).read_text())
-    date = time.strftime("%Y-%m-%d", time.localtime(Path(args.matrix).stat().st_mtime))
+    matrix = json.loads(Path(args.matrix).read_text()) if args.matrix else None
+    date = time.strftime("%Y-%m-%d", time.localtime(Path(args.matrix).stat().st_mtime)) if args.matrix else None
+    gpu_records = [json.loads(p.read_text()) for p in sorted((manifest.REPO / "helpers" / "recorded").glob("gpu-check-*.json"))]
     paths = [Path(p) for p in args.paths] or [manifest.REPO / e["path"] for e in manifest.entries()]
     labs = []
     for path in paths:
-        changed = notebooks.write_verified(path, matrix, date)
-        print(f"{path}: {notebooks.verified_versions(matrix, str(path.resolve().relative_to(manifest.REPO))) or 'none'}"
-              + ("" if changed else " (unchanged)"))
+        changed = notebooks.write_verified(path, matrix, date, gpu_records)
+        key = str(path.resolve().relative_to(manifest.REPO))
+        print(f"{path}: {(notebooks.verified_versions(matrix, key) if matrix else 'matrix part kept') or 'none'}"
+              f"{notebooks.gpu_verified(gpu_records, key)}" + ("" if changed else " (unchanged)"))
         if changed and path.parent.name == "solutions":
             labs.append(path)
     for path in notebooks.build_labs(labs) if labs else []:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import time
 from pathlib import Path
 
 import nbformat
@@ -257,17 +258,40 @@ def verified_versions(matrix: dict, notebook: str) -> str:
     return ", ".join(passed)
 
 
-def write_verified(path: Path, matrix: dict, date: str) -> bool:
-    """Rewrite the card's "Verified with torch" value, up to its first ";", from the matrix: the torch
-    versions (and environment names) where the quick run and nbval passed. Returns whether it changed."""
+GPU_CLAUSE = re.compile(r", and as a script on .*? \(gpu-check, [\d-]+\)")
+
+
+def gpu_verified(records: list[dict], notebook: str) -> str:
+    """', and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04)' for each kept GPU check
+    record (helpers/recorded/gpu-check-*.json) in which this notebook's quick run passed; '' when none."""
+    clauses = []
+    for record in records:
+        run = record["record"]
+        if any(n["path"] == notebook and n["status"] == "passed" for n in run["notebooks"]):
+            machine = run["machine"]
+            day = time.strftime("%Y-%m-%d", time.gmtime(run["started"]))
+            clauses.append(f", and as a script on {machine['torch_version']} on an {machine['device_name']} "
+                           f"(gpu-check, {day})")
+    return "".join(clauses)
+
+
+def write_verified(path: Path, matrix: dict | None, date: str | None, gpu_records: list[dict] = ()) -> bool:
+    """Rewrite the card's "Verified with torch" value, up to its first ";": from the matrix, the torch versions
+    (and environment names) where the quick run and nbval passed (matrix None: the matrix part stays), then
+    the GPU checks kept in the repository where its quick run passed. Returns whether it changed."""
     nb = read(path)
     key = str(path.resolve().relative_to(REPO)) if path.resolve().is_relative_to(REPO) else str(path)
-    versions = verified_versions(matrix, key)
-    text = (f"quick run and stored outputs pass on {versions} (make matrix, {date})" if versions
-            else f"no environment of the matrix of {date} passed")
     card = nb.cells[0]
-    if not VERIFIED_ROW.search(card.source):
+    row = VERIFIED_ROW.search(card.source)
+    if not row:
         raise ValueError(f"{path}: the card has no '| **Verified with torch** | ... |' row")
+    if matrix is None:
+        text = GPU_CLAUSE.sub("", row.group(2).rstrip())
+    else:
+        versions = verified_versions(matrix, key)
+        text = (f"quick run and stored outputs pass on {versions} (make matrix, {date})" if versions
+                else f"no environment of the matrix of {date} passed")
+    text += gpu_verified(list(gpu_records), key)
     new = VERIFIED_ROW.sub(lambda m: m.group(1) + text + (" " if m.group(3).startswith("|") else "") + m.group(3),
                            card.source, count=1)
     if new == card.source:

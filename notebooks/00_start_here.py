@@ -7,7 +7,7 @@
 # | **Prerequisites** | Python and basic PyTorch (tensors, `nn.Module`) |
 # | **Hardware** | any CPU; on a GPU the measurements run there |
 # | **Time** | 20 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
 #
 # Each lesson asks you to **predict before it measures**: a 🔮 cell asks a question (a control in
 # JupyterLab); answer it, run on, and a later cell says whether you were right and why, on *this* machine.

@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; matrix multiplication; what a mixture-of-experts layer is (a router sends each token to k of E expert MLPs) |
 # | **Hardware** | any CPU: everything here runs on one. The GPU paths (CUTLASS on NVIDIA, the fallback and CK on ROCm), a Triton kernel and its device-side schedule are in the deep dive |
 # | **Time** | 43 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the CPU fallback was read in `aten/src/ATen/native/GroupedMMUtils.h` and is shown by the profiler on the torch you run |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the CPU fallback was read in `aten/src/ATen/native/GroupedMMUtils.h` and is shown by the profiler on the torch you run |
 #
 # The story: routing makes ragged groups → the offsets that describe them → three implementations, one
 # reference → measured against a dense GEMM of the same FLOPs → the roofline that says when that

@@ -7,7 +7,7 @@
 # | **Prerequisites** | [lesson 03](03_grouped_gemm_moe.ipynb); reading a little Triton helps |
 # | **Hardware** | any CPU: the Triton kernels run in Triton's interpreter where Triton is installed. On a GPU: the CUTLASS path (NVIDIA sm_90/sm_100), the ROCm fallback and CK paths (AMD), and both Triton kernels timed |
 # | **Time** | 58 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the GPU paths are read from PyTorch's source (`GroupedBlas.cpp`, `GroupedMMUtils.h`, `native_functions.yaml`, `_inductor/kernel/mm_grouped.py` of the 2.10.0 and 2.13.0 wheels) and run only where that hardware is |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the GPU paths are read from PyTorch's source (`GroupedBlas.cpp`, `GroupedMMUtils.h`, `native_functions.yaml`, `_inductor/kernel/mm_grouped.py` of the 2.10.0 and 2.13.0 wheels) and run only where that hardware is |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch

@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; reading a little C++ helps |
 # | **Hardware** | any CPU. The C++ kernels and Inductor on a CPU need a C++ compiler and ninja (without them those cells say what they skip); the SYCL kernel an Intel GPU, an XPU build of torch and `icpx`; the Triton kernel an NVIDIA, AMD or Intel GPU |
 # | **Time** | 45 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the stable-ABI headers read in both wheels (`torch/include/torch/csrc/stable/`), `wrap_triton` in `torch/_library/triton.py` of both |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the stable-ABI headers read in both wheels (`torch/include/torch/csrc/stable/`), `wrap_triton` in `torch/_library/triton.py` of both |
 #
 # The story: an op and its reference → kernel 1, C++ for the CPU → kernel 2, SYCL for an Intel GPU, on the
 # same op → what `torch.compile` needs (a fake kernel) → the same kernel against the stable ABI, and the load

@@ -7,7 +7,7 @@
 # | **Prerequisites** | [lesson 04](04_xpu_sycl_custom_ops.ipynb) |
 # | **Hardware** | any CPU. The memory cap needs an Intel GPU; timing on a device needs any accelerator; AOTInductor and the C++ kernel need a C++ compiler (AOTInductor runs in full mode only) |
 # | **Time** | 51 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); `torch.xpu` and `torch/utils/cpp_extension.py` (`SYCL_HOME`, `_get_sycl_arch_list`) read in the 2.10.0 wheel; the stable-ABI headers in both wheels; what 2.10 added for XPU from its release notes (PR numbers below) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); `torch.xpu` and `torch/utils/cpp_extension.py` (`SYCL_HOME`, `_get_sycl_arch_list`) read in the 2.10.0 wheel; the stable-ABI headers in both wheels; what 2.10 added for XPU from its release notes (PR numbers below) |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch

@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; `nn.Linear`, a training loop |
 # | **Hardware** | any CPU: every kernel here is torch's own CPU kernel. scikit-learn runs the accuracy section (skipped with a reason without it). GPUs, FP8, static int8 and QAT are in the deep dive |
 # | **Time** | 42 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); claims about 2.10 are checked against its release notes and source |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); claims about 2.10 are checked against its release notes and source |
 #
 # The story: at batch 1 a layer's time is the time to read its weight → so store fewer bytes per weight:
 # int8, then int4 → the scales decide what the fewer bits can represent → what that costs on a real task

@@ -7,7 +7,7 @@
 # | **Prerequisites** | [lesson 05](05_quantization.ipynb) |
 # | **Hardware** | any CPU (every numeric section, FP8 included). torchao, a C++ compiler (full mode's compiled rows), an FP8 GPU (NVIDIA sm_89+, AMD MI300+) and an Intel GPU each run their sections; a section without them says what it skipped |
 # | **Time** | 74 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); claims about 2.10 are checked against its release notes and source. torchao 0.16.0 is the release paired with torch 2.10 |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); claims about 2.10 are checked against its release notes and source. torchao 0.16.0 is the release paired with torch 2.10 |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch

@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; what attention computes (softmax(QKᵀ/√d)·V) |
 # | **Hardware** | any CPU. On an NVIDIA or AMD GPU with a flash kernel (not Colab's T4) the backend story runs there, in bf16; an NVIDIA GPU (A100 or newer) also runs `varlen_attn` against padding and nested tensors |
 # | **Time** | 45 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
 #
 # The story: one function, several kernels → which one runs, and why → what the fallback costs →
 # batches of unequal lengths → masks SDPA cannot express. 2.10 added

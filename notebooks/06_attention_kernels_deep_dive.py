@@ -7,7 +7,7 @@
 # | **Prerequisites** | [lesson 06](06_attention_kernels.ipynb) |
 # | **Hardware** | any CPU. An NVIDIA GPU runs the GPU backend, GQA and ragged-training sections (A100 or newer for `varlen_attn`); an AMD GPU the backend and ROCm sections |
 # | **Time** | 53 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch

@@ -7,7 +7,7 @@
 # | **Prerequisites** | [lesson 07](07_memory.ipynb) |
 # | **Hardware** | any CPU. The sections on the training step on a GPU, allocator history, memory pools, fragmentation and out-of-memory need an NVIDIA or AMD GPU; elsewhere they are skipped with the reason |
 # | **Time** | 46 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the exporter's categories and Adam's CPU path read in the 2.10.0 and 2.13.0 wheels (`torch/profiler/_memory_profiler.py`, `torch/optim/adam.py`); 2.10 facts from its release notes (nested `use_mem_pool`, PR #168382) and its CUDA wheel (`torch/cuda/memory.py`, strings of `libc10_cuda.so`) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the exporter's categories and Adam's CPU path read in the 2.10.0 and 2.13.0 wheels (`torch/profiler/_memory_profiler.py`, `torch/optim/adam.py`); 2.10 facts from its release notes (nested `use_mem_pool`, PR #168382) and its CUDA wheel (`torch/cuda/memory.py`, strings of `libc10_cuda.so`) |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch

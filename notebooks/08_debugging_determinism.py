@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; a training loop; what `torch.compile` does (lesson 02) |
 # | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend compiles C++). The GPU comparisons are in the deep dive |
 # | **Time** | 42 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
 #
 # The story: two runs of one model disagree → find the first op that differs, and its layer → a NaN
 # gradient → the op, and the forward line, that made it → make a compiled program give the same bits on

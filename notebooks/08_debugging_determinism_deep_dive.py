@@ -7,7 +7,7 @@
 # | **Prerequisites** | [lesson 08](08_debugging_determinism.ipynb) |
 # | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend compiles C++). On a GPU two more sections run: the same model on the CPU and the GPU, and deterministic compile with Triton |
 # | **Time** | 54 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch

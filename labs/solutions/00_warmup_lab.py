@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00 |
 # | **Hardware** | any CPU; exercise 1 is also checked on the meta device, which shows whether the code would run on an accelerator unchanged |
 # | **Time** | 15 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
 #
 # Each exercise cell is followed by a check cell. A check prints `✅ ... passed`, or stops with `❌` and
 # a hint saying what was wrong (type, shape, dtype, values). `check(LAB, function)` runs the visible

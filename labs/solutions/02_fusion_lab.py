@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 02 (horizontal fusion and combo kernels) |
 # | **Hardware** | any CPU. Exercise 2 needs Triton (`pip install triton`): on a CPU it runs under Triton's interpreter, on a GPU compiled |
 # | **Time** | 35 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
 #
 # Each exercise cell is followed by a check cell: `✅ ... passed`, or `❌` with a hint. `check(LAB, function)`
 # runs the visible cases of the lab's grading spec (`helpers/grading/specs/lab02.py`); `python -m helpers

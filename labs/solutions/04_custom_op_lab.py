@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 04 (XPU, SYCL and custom ops) |
 # | **Hardware** | any CPU. Exercise 1 and the timing need a C++ compiler and ninja; without them the PyTorch reference stands in for your kernel, the lab says so, and exercises 2-4 still run |
 # | **Time** | 50 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
 #
 # The op is `labs_ext::silu_mul(Tensor gate, Tensor up) -> Tensor`: `out = silu(gate) * up`, with
 # `silu(g) = g / (1 + exp(-g))`. Llama-style models compute it in every feed-forward block:

@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 05 (sections 1, 2 and 4) |
 # | **Hardware** | any CPU; the same code runs where `torch._weight_int8pack_mm` has a kernel (CUDA, MPS, XPU) |
 # | **Time** | 40 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
 #
 # The model below is a classifier whose output channels have very different scales (as trained
 # networks often do). Your job: store its weights as int8 codes with one scale per row (about a quarter
