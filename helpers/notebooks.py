@@ -116,8 +116,9 @@ MINUTES_PER_PREDICTION = 2
 
 def estimated_minutes(nb: nbformat.NotebookNode) -> float:
     """Words of markdown / 120, plus max(1, lines / 15) for each code cell, plus 2 for each prediction
-    prompt (a code cell tagged `predict`). The Colab set-up cell is no reading: it does not count."""
-    words = sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+    prompt (a code cell tagged `predict`). The Colab set-up cell and the card's "Verified with torch" row
+    (provenance: versions, machines, sources) are no reading: they do not count."""
+    words = sum(len(VERIFIED_ROW.sub("", c.source).split()) for c in nb.cells if c.cell_type == "markdown")
     code = [c for c in nb.cells if c.cell_type == "code" and COLAB_TAG not in _tags(c)]
     return (words / WORDS_PER_MINUTE + sum(max(1.0, len(c.source.splitlines()) / LINES_PER_MINUTE) for c in code)
             + MINUTES_PER_PREDICTION * sum(PREDICT_TAG in _tags(c) for c in code))
