@@ -9,7 +9,9 @@ grader names them ("Exercise 1: softmax"; tests/test_progress.py holds them to h
 
 Optional: "format": "course" marks a notebook in the course format (a core lesson with prediction prompts
 and a "your turn", or its deep dive; tests/test_course_format.py); "deep_dive_of": the id of the core
-lesson a deep dive belongs to.
+lesson a deep dive belongs to; "graded_on": "project" marks a lab graded on what a project folder does
+(the capstone: helpers.capstone's goals), not on its notebook's functions: the notebook grader's specs and
+the nbgrader export leave it out.
 """
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ from helpers.device import Capabilities, capabilities, check_needs, skip_reason
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = Path(__file__).with_name("manifest.json")
 FIELDS = ("id", "kind", "path", "title", "learn", "minutes", "quick_seconds", "sections")
+
+
+def notebook_graded_labs() -> list[str]:
+    """The ids of the labs graded on their notebook's functions (specs, nbgrader), in order."""
+    return [e["id"] for e in entries() if e["kind"] == "lab" and e.get("graded_on") != "project"]
 
 
 def entries() -> list[dict]:

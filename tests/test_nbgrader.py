@@ -14,9 +14,10 @@ import pytest
 from helpers.notebooks import BEGIN
 from helpers.grading.specs import SPECS
 from helpers.grading.nbgrader_export import GRADER_CHECK, SOLUTIONS, export_course
+from helpers.manifest import notebook_graded_labs
 
 REPO = Path(__file__).resolve().parent.parent
-LABS = sorted(p.stem for p in SOLUTIONS.glob("*_lab.ipynb"))
+LABS = notebook_graded_labs()
 LAB = "00_warmup_lab"
 
 

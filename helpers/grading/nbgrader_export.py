@@ -25,6 +25,7 @@ from pathlib import Path
 
 from helpers.notebooks import BEGIN, REPO, read, write
 from helpers.files import write_text_atomic
+from helpers.manifest import notebook_graded_labs
 from helpers.grading.specs import SPECS
 
 SOLUTIONS = REPO / "labs" / "solutions"
@@ -92,10 +93,11 @@ def nbgrader_notebook(lab_id: str):
 
 def export_course(dest: Path, labs: list[str] | None = None) -> Path:
     """Write an nbgrader course source into `dest`: nbgrader_config.py and
-    source/<lab_id>/<lab_id>.ipynb for each lab id in `labs` (default: every lab in labs/solutions),
+    source/<lab_id>/<lab_id>.ipynb for each lab id in `labs` (default: every lab graded on its notebook's
+    functions; the capstone is graded on a project folder, which nbgrader cannot run),
     marked for nbgrader. Returns `dest`."""
     dest = Path(dest)
-    labs = labs if labs is not None else sorted(p.stem for p in SOLUTIONS.glob("*_lab.ipynb"))
+    labs = labs if labs is not None else notebook_graded_labs()
     for lab_id in labs:
         if not (SOLUTIONS / f"{lab_id}.ipynb").is_file():
             raise ValueError(f"no lab {lab_id!r} in {SOLUTIONS}")
