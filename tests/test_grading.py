@@ -204,6 +204,8 @@ def test_an_earlier_exercise_is_substituted_while_a_later_one_is_graded():
 def test_unknown_lab_and_missing_folder_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="no grading spec for lab 'nope'"):
         spec_for("nope")
+    with pytest.raises(ValueError, match="graded on a project folder"):
+        spec_for("10_capstone_lab")
     done = subprocess.run([sys.executable, "-m", "helpers", "grade", "00_warmup_lab", str(tmp_path / "none")],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 2 and "is not a folder of submissions" in done.stderr

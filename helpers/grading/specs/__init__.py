@@ -25,6 +25,11 @@ def spec_for(lab: str) -> LabSpec:
     from pathlib import Path
     name = Path(lab).stem if lab.endswith(".ipynb") else lab
     if name not in SPECS:
+        from helpers.manifest import entries
+        if any(e["id"] == name and e.get("graded_on") == "project" for e in entries()):
+            raise ValueError(f"{name} is graded on a project folder, not on notebook functions: its guide's goals "
+                             f"(helpers.capstone.grade(project, start, reference)) measure one; this grader does "
+                             f"not take project folders yet")
         raise ValueError(f"no grading spec for lab {lab!r}; gradable labs: {', '.join(sorted(SPECS))} "
                          f"(add one to helpers/grading/specs/)")
     return SPECS[name]
