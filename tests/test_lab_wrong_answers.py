@@ -1074,6 +1074,180 @@ def ffn_one_expert(xs, params, offs):
 
 
 # --- Lab 04: the C++ custom op (kernel bodies run in a child process) ----------------------------
+def _expert_counts(flat, num_experts):
+    return torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
+def _padded_dest(flat, counts, sizes, stable=True):
+    """Each position's row: its group's start plus its rank among its expert's positions."""
+    order = torch.argsort(flat, stable=stable)
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=flat.device))
+    return (sizes.cumsum(0) - sizes)[flat] + rank - (counts.cumsum(0) - counts)[flat]
+
+
+def _worst_case_rows(slots, num_experts, multiple):
+    return (slots + num_experts * (multiple - 1)) // multiple * multiple
+
+
+def _layout_from_sizes(flat, counts, sizes, num_experts, multiple, stable=True):
+    return (_padded_dest(flat, counts, sizes, stable), sizes.cumsum(0).to(torch.int32),
+            _worst_case_rows(flat.numel(), num_experts, multiple))
+
+
+def _right_layout(expert_ids, num_experts, multiple):
+    flat = expert_ids.reshape(-1)
+    counts = _expert_counts(flat, num_experts)
+    return _layout_from_sizes(flat, counts, (counts + multiple - 1) // multiple * multiple, num_experts, multiple)
+
+
+def layout_bincount(expert_ids, num_experts, multiple=16):
+    # right values, but bincount reads the largest id back to size its output: a sync on a GPU
+    flat = expert_ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=num_experts)
+    return _layout_from_sizes(flat, counts, (counts + multiple - 1) // multiple * multiple, num_experts, multiple)
+
+
+def layout_unique_counts(expert_ids, num_experts, multiple=16):
+    # right values, but unique's output size depends on the data: a sync on a GPU
+    flat = expert_ids.reshape(-1)
+    present, found = torch.unique(flat, return_counts=True)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).index_add_(0, present, found)
+    return _layout_from_sizes(flat, counts, (counts + multiple - 1) // multiple * multiple, num_experts, multiple)
+
+
+def layout_rows_read_back(expert_ids, num_experts, multiple=16):
+    # sizes the buffer from this routing's padded total, read back with int()
+    dest, offs, _ = _right_layout(expert_ids, num_experts, multiple)
+    return dest, offs, int(offs[-1])
+
+
+def layout_tolist_loop(expert_ids, num_experts, multiple=16):
+    # counts and ranks in a Python loop over the ids: every value comes back to the host
+    flat = expert_ids.reshape(-1)
+    counts, rank = [0] * num_experts, []
+    for e in flat.tolist():
+        rank.append(counts[e])
+        counts[e] += 1
+    sizes = [-(-c // multiple) * multiple for c in counts]
+    starts = [sum(sizes[:e]) for e in range(num_experts)]
+    dest = torch.tensor([starts[e] + r for e, r in zip(flat.tolist(), rank)])
+    return dest, torch.tensor(sizes).cumsum(0).to(torch.int32), _worst_case_rows(flat.numel(), num_experts, multiple)
+
+
+def layout_round_running_total(expert_ids, num_experts, multiple=16):
+    # rounds the cumulative offsets up instead of each expert's count
+    flat = expert_ids.reshape(-1)
+    counts = _expert_counts(flat, num_experts)
+    ends = (counts.cumsum(0) + multiple - 1) // multiple * multiple
+    sizes = torch.diff(ends, prepend=ends.new_zeros(1))
+    return _layout_from_sizes(flat, counts, sizes, num_experts, multiple)
+
+
+def layout_pad_end_only(expert_ids, num_experts, multiple=16):
+    # the unpadded layout, with only the last offset rounded up
+    flat = expert_ids.reshape(-1)
+    counts = _expert_counts(flat, num_experts)
+    sizes = counts.clone()
+    sizes[-1] += (-counts.sum()) % multiple
+    return _layout_from_sizes(flat, counts, sizes, num_experts, multiple)
+
+
+def layout_unstable(expert_ids, num_experts, multiple=16):
+    # argsort without stable=True: an expert's positions in any order
+    flat = expert_ids.reshape(-1)
+    counts = _expert_counts(flat, num_experts)
+    return _layout_from_sizes(flat, counts, (counts + multiple - 1) // multiple * multiple, num_experts, multiple,
+                              stable=False)
+
+
+def layout_int64_offsets(expert_ids, num_experts, multiple=16):
+    # cumsum's int64 kept: grouped_mm wants int32
+    dest, offs, rows = _right_layout(expert_ids, num_experts, multiple)
+    return dest, offs.long(), rows
+
+
+def layout_pads_exact_multiples(expert_ids, num_experts, multiple=16):
+    # (count // multiple + 1) * multiple: a count already a multiple gets a whole group of padding
+    flat = expert_ids.reshape(-1)
+    counts = _expert_counts(flat, num_experts)
+    return _layout_from_sizes(flat, counts, (counts // multiple + 1) * multiple, num_experts, multiple)
+
+
+def layout_clamp_min(expert_ids, num_experts, multiple=16):
+    # the lesson's align_groups (torchtitan's clamp_min): an empty expert gets a whole group of padding
+    flat = expert_ids.reshape(-1)
+    counts = _expert_counts(flat, num_experts)
+    return _layout_from_sizes(flat, counts, moe.align_groups(counts, multiple), num_experts, multiple)
+
+
+def layout_sorted_order(expert_ids, num_experts, multiple=16):
+    # dest in sorted order: entry i is the row of the i-th position of the sort, not of position i
+    flat = expert_ids.reshape(-1)
+    counts = _expert_counts(flat, num_experts)
+    sizes = (counts + multiple - 1) // multiple * multiple
+    by_expert = flat[torch.argsort(flat, stable=True)]
+    dest = (sizes.cumsum(0) - sizes)[by_expert] + torch.arange(flat.numel(), device=flat.device) \
+        - (counts.cumsum(0) - counts)[by_expert]
+    return dest, sizes.cumsum(0).to(torch.int32), _worst_case_rows(flat.numel(), num_experts, multiple)
+
+
+def layout_unpadded_dest(expert_ids, num_experts, multiple=16):
+    # padded offsets, but each position's row is its place in the unpadded sort
+    flat = expert_ids.reshape(-1)
+    dest, offs, rows = _right_layout(expert_ids, num_experts, multiple)
+    order = torch.argsort(flat, stable=True)
+    return torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=flat.device)), offs, rows
+
+
+def layout_group_start_only(expert_ids, num_experts, multiple=16):
+    # every position of an expert on its group's first row
+    flat = expert_ids.reshape(-1)
+    _, offs, rows = _right_layout(expert_ids, num_experts, multiple)
+    starts = torch.cat([offs.new_zeros(1), offs[:-1]]).long()
+    return starts[flat], offs, rows
+
+
+def layout_always_16(expert_ids, num_experts, multiple=16):
+    # the multiple fixed at 16, whatever the argument
+    return _right_layout(expert_ids, num_experts, 16)
+
+
+def layout_rows_unpadded(expert_ids, num_experts, multiple=16):
+    # a buffer of T*k rows: no room for padding
+    dest, offs, _ = _right_layout(expert_ids, num_experts, multiple)
+    return dest, offs, expert_ids.numel()
+
+
+def layout_rows_round_total(expert_ids, num_experts, multiple=16):
+    # T*k rounded up to a multiple: room for one group's padding, not for every expert's
+    dest, offs, _ = _right_layout(expert_ids, num_experts, multiple)
+    return dest, offs, -(-expert_ids.numel() // multiple) * multiple
+
+
+def layout_rows_tensor(expert_ids, num_experts, multiple=16):
+    # this routing's total, left on the device: no size to allocate a buffer with
+    dest, offs, _ = _right_layout(expert_ids, num_experts, multiple)
+    return dest, offs, offs[-1]
+
+
+def layout_rows_every_position_alone(expert_ids, num_experts, multiple=16):
+    # room for every position in a group of its own: far more than any routing of num_experts experts needs
+    dest, offs, _ = _right_layout(expert_ids, num_experts, multiple)
+    return dest, offs, expert_ids.numel() * multiple
+
+
+def layout_second_solution(expert_ids, num_experts, multiple=16):
+    # a right answer written differently: one_hot's running sum ranks each position, the tightest static bound
+    flat = expert_ids.reshape(-1)
+    hot = F.one_hot(flat, num_experts)
+    rank = hot.cumsum(0).gather(1, flat[:, None]).squeeze(1) - 1
+    sizes = -(-hot.sum(0) // multiple) * multiple
+    ends = sizes.cumsum(0)
+    slots = flat.numel()
+    rows = multiple * (min(slots, num_experts) + max(slots - num_experts, 0) // multiple)
+    return (ends - sizes)[flat] + rank, ends.to(torch.int32), rows
+
+
 
 BODIES = {
     # forgets to multiply by up
@@ -1598,6 +1772,7 @@ SECOND_SOLUTIONS_03_05 = [
     ("03_moe_lab", "fallback_grouped_gemm", gemm_second_solution),
     ("03_moe_lab", "expert_ffn", ffn_second_solution),
     ("05_quantization_lab", "quantize_weight", quantize_second_solution),
+    ("03_moe_lab", "padded_layout", layout_second_solution),
     ("05_quantization_lab", "int8_linear", int8_linear_second_solution),
     ("05_quantization_lab", "quantize_model", quantize_model_second_solution),
     ("05_quantization_lab", "choose_plan", choose_plan_second_solution),
@@ -3117,6 +3292,43 @@ WRONG = [
 
     Wrong(L06, "key_mask", "true-on-padding", key_mask_true_on_padding, "a boolean mask, True on real keys",
           "True where the key is a real token"),
+    Wrong(L03, "padded_layout", "bincount-reads-back", layout_bincount,
+          "nothing is read back to the host (no sync on a GPU)", "sizes its output from the data"),
+    Wrong(L03, "padded_layout", "unique-counts", layout_unique_counts,
+          "nothing is read back to the host (no sync on a GPU)", "sizes its output from the data"),
+    Wrong(L03, "padded_layout", "rows-read-back", layout_rows_read_back,
+          "nothing is read back to the host (no sync on a GPU)", ".item(), int() or Python loop"),
+    Wrong(L03, "padded_layout", "tolist-loop", layout_tolist_loop,
+          "nothing is read back to the host (no sync on a GPU)", ".tolist(), .item()"),
+    Wrong(L03, "padded_layout", "round-running-total", layout_round_running_total,
+          "group sizes, counts [17, 15, 3, 13]", "rounding the running total of the raw counts"),
+    Wrong(L03, "padded_layout", "pad-end-only", layout_pad_end_only,
+          "every group starts at a multiple of 16, counts [17, 15, 3, 13]", "not only the total"),
+    Wrong(L03, "padded_layout", "unstable", layout_unstable, "ties keep their arrival order, counts [30, 25, 25]",
+          "keep ties in order"),
+    Wrong(L03, "padded_layout", "int64-offsets", layout_int64_offsets, "offs is torch.int32",
+          "offs must be torch.int32"),
+    Wrong(L03, "padded_layout", "pads-exact-multiples", layout_pads_exact_multiples,
+          "group sizes, counts [16, 32, 16, 16] (each already a multiple)", "a multiple needs no padding row"),
+    Wrong(L03, "padded_layout", "clamp-min", layout_clamp_min,
+          "group sizes, counts [16, 0, 32, 0] (two experts get no token)", "an expert with no token needs no row"),
+    Wrong(L03, "padded_layout", "sorted-order", layout_sorted_order,
+          "dest[p] is position p's row (one token per expert, multiple=1)", "not the row of the p-th position in sorted"),
+    Wrong(L03, "padded_layout", "unpadded-dest", layout_unpadded_dest,
+          "each position's row is inside its expert's group, counts [17, 15, 3, 13]", "unpadded sort"),
+    Wrong(L03, "padded_layout", "group-start-only", layout_group_start_only, "no two positions share a row",
+          "a row of its own"),
+    Wrong(L03, "padded_layout", "always-16", layout_always_16, "group sizes, multiple=1",
+          "use the multiple you are given"),
+    Wrong(L03, "padded_layout", "rows-unpadded", layout_rows_unpadded,
+          "rows has room for every routing (48 positions, 4 experts, multiple 16)", "not only this routing's"),
+    Wrong(L03, "padded_layout", "rows-round-total", layout_rows_round_total,
+          "rows has room for every routing (48 positions, 4 experts, multiple 16)", "how many padding rows"),
+    Wrong(L03, "padded_layout", "rows-tensor", layout_rows_tensor,
+          "rows is a Python int (48 positions, 4 experts, multiple 16)", "not a tensor"),
+    Wrong(L03, "padded_layout", "rows-every-position-alone", layout_rows_every_position_alone,
+          "rows is no larger than T*k + (num_experts + 1) * multiple (48 positions, 4 experts, multiple 16)",
+          "not for one that cannot"),
     Wrong(L06, "key_mask", "2d-mask", key_mask_2d, "a boolean mask, True on real keys",
           "shape (batch, 1, 1, max_len) broadcasts"),
     Wrong(L06, "key_mask", "float-mask", key_mask_float, "a boolean mask, True on real keys", "True where the key"),

@@ -1,19 +1,20 @@
 # %% [markdown]
-# # Lab 03 · Mixture-of-experts: token permutation, the fallback loop, and an expert FFN without padding
+# # Lab 03 · Mixture-of-experts: token permutation, the fallback loop, an expert FFN without padding, and aligned groups
 #
 # | | |
 # |---|---|
-# | **What you will learn** | to write the MoE token permutation (sort by expert, int32 END offsets) and the regular-GEMM fallback that `grouped_mm` uses on CPU and ROCm; to run the expert feed-forward on each expert's own rows, without padding, and measure it against padded `bmm` on a skewed split |
+# | **What you will learn** | to write the MoE token permutation (sort by expert, int32 END offsets) and the regular-GEMM fallback that `grouped_mm` uses on CPU and ROCm; to run the expert feed-forward on each expert's own rows, without padding, and measure it against padded `bmm` on a skewed split; to lay the routed rows out in groups that start at a multiple of 16, as the GPU's grouped GEMM needs for some layouts, with no value read back to the host |
 # | **Prerequisites** | lesson 03 (grouped GEMM for mixture-of-experts) |
 # | **Hardware** | any CPU; the same code runs on a GPU |
-# | **Time** | 30 minutes |
+# | **Time** | 45 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the
 # lab's grading spec (`helpers/grading/specs/lab03.py`), as `python -m helpers grade` does before its
 # hidden ones: it prints `✅ ... passed`, or stops with `❌` and a hint (wrong offsets, wrong dtype, wrong
 # values, or a call to the function the exercise asks you to write). The timing after exercise 3 is
-# measured and printed, not checked.
+# measured and printed, not checked; after exercise 4 you predict how many padding rows the layer's groups
+# get, then count them.
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -46,6 +47,7 @@ from helpers import bench, moe
 from helpers.checks import check_close
 from helpers.device import pick_device, quick_mode
 from helpers.grading.checks import check
+from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -188,3 +190,96 @@ def my_moe_layer(x, params, k=2):
 x_layer = torch.randn(300, D_MODEL, device=DEVICE)
 check_close(my_moe_layer(x_layer, params), moe.moe_layer(x_layer, params, k=2, impl="loop"),
             what="Your MoE layer vs helpers.moe.moe_layer", atol=1e-4, rtol=1e-3)
+
+
+# %% [markdown]
+# ## Exercise 4: aligned groups, without reading a count back
+#
+# On the NVIDIA GPUs where it runs (lesson 03's deep dive), `grouped_mm`'s fused CUTLASS kernel loads each
+# group with TMA (Hopper's bulk-copy engine), and "TMA transfers require global memory tensor addresses to
+# be aligned to 16 bytes" (a comment in PyTorch's `aten/src/ATen/native/cuda/GroupMMCommon.cuh`). PyTorch
+# 2.10 checks it on the device before the GEMM (`prepare_grouped_gemm_data`, in its sm_90 build): where the
+# groups run along an operand's contiguous dimension, every group but the last must span a multiple of 16
+# bytes, 8 elements in bf16 and 16 in FP8, or the kernel stops with `expected input tensor dynamic dimension
+# byte size to be non-negative multiple of 16`. The forward's `xs [M, K]` is row-major: its groups are whole
+# rows, and the rule does not apply. The weight gradient contracts over the tokens (`Xᵀ · dY`, 2D × 2D,
+# lesson 03's deep dive), and the FP8 grouped GEMM (`torch._scaled_grouped_mm`) takes its first operand
+# row-major and its second column-major: in its weight gradient the tokens are the contiguous dimension of
+# both. So MoE training code pads each expert's rows to a multiple once, where it lays the tokens out, and
+# every GEMM of the layer inherits the alignment (torchtitan's `TOKEN_GROUP_ALIGN_SIZE_M`, in the deep
+# dive). The CPU fallback has no such rule; the layout is the same on every device.
+#
+# Write `padded_layout(expert_ids, num_experts, multiple=16)`. For the router's `expert_ids` `[T, k]` it
+# returns `(dest, offs, rows)`, the layout of a buffer in which expert e owns group e, rows
+# `offs[e-1]:offs[e]` (the first from row 0):
+#
+# - `dest` `[T*k]`: the buffer row of each flattened (token, slot) position p (its token is `p // k`, its
+#   expert `expert_ids.flatten()[p]`): a row of its own, inside its expert's group, and within one expert
+#   the earlier position gets the lower row. The group's other rows are padding (zeros in the buffer).
+# - `offs` `[num_experts]`, **int32**: where each group ends. A group has its expert's count of positions
+#   rounded up to the next multiple of `multiple`, and no more: an expert with no position gets no row, a
+#   count that is a multiple already gets no padding, and the last group is rounded too. So every group
+#   starts at a multiple.
+# - `rows`: how many rows to allocate for the buffer. It is allocated before any count is known: a Python
+#   int from the shapes, `num_experts` and `multiple` alone, with room for the padded total of any routing
+#   these T·k positions could have, and at most `T*k + (num_experts + 1) * multiple`.
+#
+# As in exercise 1, **nothing may be read back to the host**: the check runs your function on the meta
+# device, where tensors have shapes and no values, and names what needed one.
+
+# %%
+def padded_layout(expert_ids: torch.Tensor, num_experts: int, multiple: int = 16):
+    ### BEGIN SOLUTION
+    flat = expert_ids.reshape(-1)
+    slots = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    sizes = (counts + multiple - 1) // multiple * multiple       # each group rounded up, not the running total
+    ends = sizes.cumsum(0)
+    order = torch.argsort(flat, stable=True)
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(slots, device=flat.device))   # place in the sort
+    dest = (ends - sizes)[flat] + rank - (counts.cumsum(0) - counts)[flat]   # group start + rank within the expert
+    # the worst routing pads every expert by multiple - 1 rows; the padded total is a multiple, so round down
+    rows = (slots + num_experts * (multiple - 1)) // multiple * multiple
+    return dest, ends.to(torch.int32), rows
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("03_moe_lab", padded_layout)
+
+# %% [markdown]
+# ### The layer on aligned groups
+#
+# The layer of "Putting it together" routes 300 tokens to 2 of 16 experts: 600 positions. Laid out with
+# your function, each expert's group grows to a multiple of 16, and the grouped GEMM computes those padding
+# rows too (zeros in, zeros out). Before you run it:
+
+# %% tags=["predict"]
+pad_guess = predict("How many padding rows will the 16 groups hold in all (offs[-1] minus the 600 positions)?",
+                    unit="rows", example=240)
+
+# %%
+ids_l, gates_l = moe.route(x_layer @ params["router"], 2)
+dest, offs_pad, rows = padded_layout(ids_l, EXPERTS)
+buffer = x_layer.new_zeros(rows, D_MODEL)
+buffer[dest] = x_layer.repeat_interleave(2, dim=0)          # position p holds token p // 2
+ys = expert_ffn(buffer, params, offs_pad)[dest]            # each position's output, in position order
+y_aligned = (ys.view(-1, 2, D_MODEL) * gates_l[..., None]).sum(1)
+routed, used = ids_l.numel(), int(offs_pad[-1])
+padding = used - routed
+most = (routed + 16 * 15) // 16 * 16 - routed             # 15 an expert at most, and the total is a multiple of 16
+print(f"{routed} positions in 16 groups of a multiple of 16: {used} rows ({padding} padding), "
+      f"{rows} allocated; offs {offs_pad.tolist()[:6]}...")
+check_close(y_aligned, my_moe_layer(x_layer, params), what="The layer on aligned groups vs your unpadded layer",
+            atol=1e-4, rtol=1e-3)
+
+# %% tags=["reveal"]
+reveal(pad_guess, padding,
+       why=f"an expert pads its count up to the next multiple of 16: 16 - count % 16 rows unless the count is a "
+           f"multiple already, anywhere from 0 to 15. With counts that fall anywhere modulo 16 that is about 7.5 "
+           f"an expert, about 120 for 16 experts: here {padding}. The most is 15 an expert, and since the padded "
+           f"total is a multiple of 16, {most} for 600 positions: your `rows` makes room for it ({rows} rows "
+           f"allocated, {rows - used} of them past offs[-1] this time, where no GEMM reads). "
+           f"The grouped GEMM computes the padding rows: {padding / routed:.0%} more rows than were routed, the "
+           "price of aligned groups, paid so that the weight gradient and an FP8 GEMM can run on the same layout.");

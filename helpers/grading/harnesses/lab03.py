@@ -47,3 +47,86 @@ def expert_ffn_flops(fn, xs, params, offs) -> str:
     _, k, hidden = params["w_up"].shape
     needed = 2 * int(offs[-1]) * (k * hidden + hidden * params["w_down"].shape[2])
     return _flops_verdict(_matmul_flops(lambda: fn(xs, params, offs)), needed)
+
+
+# --- Exercise 4: padded_layout, judged by properties of what it returns -----------------------------------
+
+def _layout(fn, expert_ids, num_experts, multiple):
+    dest, offs, rows = fn(expert_ids, num_experts, multiple)
+    return torch.as_tensor(dest).long().reshape(-1), torch.as_tensor(offs).long().reshape(-1), rows
+
+
+def _group_bounds(offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each group starts and ends: group e is rows offs[e-1]:offs[e], the first from row 0."""
+    return torch.cat([offs.new_zeros(1), offs[:-1]]), offs
+
+
+def layout_starts(fn, expert_ids, num_experts, multiple) -> str:
+    """The first group whose start (offs[e-1], 0 for the first) is not a multiple of `multiple`, or that none is."""
+    _, offs, _ = _layout(fn, expert_ids, num_experts, multiple)
+    starts, _ = _group_bounds(offs)
+    off = (starts % multiple).nonzero()
+    if len(off):
+        e = int(off[0])
+        return f"expert {e}'s group starts at row {int(starts[e])}, not a multiple of {multiple}"
+    return f"every group starts at a multiple of {multiple}"
+
+
+def layout_group_sizes(fn, expert_ids, num_experts, multiple) -> torch.Tensor:
+    """The rows of each group, padding included (int64): the differences of the offsets."""
+    _, offs, _ = _layout(fn, expert_ids, num_experts, multiple)
+    starts, ends = _group_bounds(offs)
+    return ends - starts
+
+
+def layout_slots_outside(fn, expert_ids, num_experts, multiple) -> str:
+    """Whether every flattened position's row lies in its own expert's group, by fn's own offsets."""
+    dest, offs, _ = _layout(fn, expert_ids, num_experts, multiple)
+    flat = expert_ids.reshape(-1).long()
+    if dest.shape != flat.shape:
+        return f"dest has {dest.numel()} entries for {flat.numel()} positions"
+    starts, ends = _group_bounds(offs)
+    outside = ((dest < starts[flat]) | (dest >= ends[flat])).nonzero()
+    if len(outside):
+        p = int(outside[0])
+        e = int(flat[p])
+        return (f"{len(outside)} of {flat.numel()} positions land outside their expert's group (first: position {p}, "
+                f"expert {e}, row {int(dest[p])}, group rows {int(starts[e])}:{int(ends[e])})")
+    return "every position lands in its expert's group"
+
+
+def layout_shared_rows(fn, expert_ids, num_experts, multiple) -> str:
+    dest, _, _ = _layout(fn, expert_ids, num_experts, multiple)
+    shared = dest.numel() - torch.unique(dest).numel()
+    return f"{shared} positions share a row with another" if shared else "every position has a row of its own"
+
+
+def layout_arrival_order(fn, expert_ids, num_experts, multiple) -> str:
+    """Whether, for every expert, its positions' rows rise with the positions."""
+    dest, _, _ = _layout(fn, expert_ids, num_experts, multiple)
+    flat = expert_ids.reshape(-1).long()
+    for e in range(num_experts):
+        rows = dest[flat == e]
+        if len(rows) > 1 and not bool((rows[1:] > rows[:-1]).all()):
+            return f"expert {e}'s positions are not in arrival order in their rows"
+    return "every expert's positions keep their arrival order"
+
+
+def layout_rows_type(fn, expert_ids, num_experts, multiple) -> str:
+    _, _, rows = fn(expert_ids, num_experts, multiple)
+    return "a Python int" if type(rows) is int else f"a {type(rows).__name__}"
+
+
+def layout_rows_room(fn, expert_ids, num_experts, multiple, fewest) -> str:
+    """Whether the buffer's rows hold `fewest`, the grader's largest padded total for these shapes."""
+    _, _, rows = fn(expert_ids, num_experts, multiple)
+    if int(rows) >= fewest:
+        return "room for every routing of these shapes"
+    return f"{int(rows)} rows: too few for some routing of these shapes"
+
+
+def layout_rows_waste(fn, expert_ids, num_experts, multiple, most) -> str:
+    _, _, rows = fn(expert_ids, num_experts, multiple)
+    if int(rows) <= most:
+        return "no more rows than T*k + (num_experts + 1) * multiple"
+    return f"{int(rows)} rows: more than T*k + (num_experts + 1) * multiple = {most}"

@@ -127,6 +127,130 @@ def _expert_ffn_cases(gen):
     return cases + _own_rows_cost_cases(cases, "expert_ffn_flops")
 
 
+def _padded_layout(expert_ids, num_experts, multiple=16):
+    flat = expert_ids.reshape(-1)
+    slots = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    sizes = (counts + multiple - 1) // multiple * multiple
+    ends = sizes.cumsum(0)
+    order = torch.argsort(flat, stable=True)
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(slots, device=flat.device))
+    dest = (ends - sizes)[flat] + rank - (counts.cumsum(0) - counts)[flat]
+    return dest, ends.to(torch.int32), (slots + num_experts * (multiple - 1)) // multiple * multiple
+
+
+def _worst_rows(slots: int, num_experts: int, multiple: int) -> int:
+    """The largest padded total any routing of `slots` slots to `num_experts` experts can give: every expert
+    that can get a slot one row past a multiple."""
+    return multiple * (min(slots, num_experts) + max(slots - num_experts, 0) // multiple)
+
+
+def _routing(counts, k, gen):
+    """Expert ids [T, k] in a shuffled order, with these counts per expert."""
+    flat = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    return flat[torch.randperm(flat.numel(), generator=gen)].reshape(-1, k)
+
+
+def _layout_cases(gen):
+    int32 = ("offs must be torch.int32, the dtype grouped_mm takes (`Offsets have to be int32`); a cumulative sum "
+             "comes out as int64")
+    starts = ("expert e's group starts where group e-1 ends, at offs[e-1]: every one of those starts must be a "
+              "multiple, not only the total. Pad each group's end up to the next multiple")
+    exact = ("a count that is already a multiple needs no padding row: round each count up to the next multiple "
+             "only when it is not one already")
+    empty = ("an expert with no token needs no row here (its group is empty, and grouped_mm takes an empty group): "
+             "rounding 0 up to a multiple gives 0, not a whole group")
+    rounded = ("each group is its own expert's count rounded up to a multiple (the last group too), and the offsets "
+               "are the running total of those rounded counts: rounding the running total of the raw counts "
+               "instead can leave an expert fewer rows than it has tokens")
+    given = "use the multiple you are given: with multiple=1 nothing is padded and offs are the plain end offsets"
+    by_position = ("dest is indexed like expert_ids.flatten(): dest[p] is the row of position p (token p // k), "
+                   "inside the group of expert_ids.flatten()[p]; not the row of the p-th position in sorted order")
+    in_group = ("dest[p] must fall inside its expert's padded group, offs[e-1] <= dest[p] < offs[e]: a position's rank in "
+                "the unpadded sort is not its row once the groups before it are padded")
+    one_row = "each position needs a row of its own: two positions on one row would overwrite each other's token"
+    arrival = ("within one expert the earlier position gets the lower row (p < q gives dest[p] < dest[q]). A plain "
+               "sort may swap equal keys: ask the sort to keep ties in order")
+    sync = ("the names listed read tensor values back to the host, a sync that stalls the GPU on every MoE layer: a "
+            "count that sizes its output from the data reads it back first, and so does any .tolist(), .item(), "
+            "int() or Python loop over a tensor. Count with an op whose output size you give it, and size the "
+            "buffer from the shapes")
+    static = ("rows sizes a buffer allocated before any count is known: a Python int computed from the shapes, "
+              "num_experts and multiple alone, not a tensor (turning a tensor into an int would read it back)")
+    room = ("rows must hold the largest padded total that any routing of these T*k positions to num_experts experts "
+            "could give, not only this routing's: how many padding rows can one expert need at most?")
+    waste = ("rows is more than any routing can need: at most T*k + (num_experts + 1) * multiple, a buffer sized "
+             "for the worst case that can happen, not for one that cannot")
+
+    general = _routing([17, 15, 3, 13], 2, gen)            # no count a multiple of 16
+    multiples = _routing([16, 32, 16, 16], 2, gen)         # every count a multiple, none empty
+    empties = _routing([16, 0, 32, 0], 2, gen)             # empty experts, the others multiples
+    one_each = torch.tensor([[3], [0], [5], [1], [7], [2]])  # one token per expert, some experts empty
+    ties = _routing([30, 25, 25], 2, gen)
+
+    def rows_cases(ids, num_experts, multiple, hidden):
+        slots = ids.numel()
+        shape = f"{slots} positions, {num_experts} experts, multiple {multiple}"
+        return [
+            Case(f"rows is a Python int ({shape})", (ids, num_experts, multiple), call="layout_rows_type",
+                 hidden=hidden, hint=static),
+            Case(f"rows has room for every routing ({shape})",
+                 (ids, num_experts, multiple, _worst_rows(slots, num_experts, multiple)), call="layout_rows_room",
+                 hidden=hidden, hint=room),
+            Case(f"rows is no larger than T*k + (num_experts + 1) * multiple ({shape})",
+                 (ids, num_experts, multiple, slots + (num_experts + 1) * multiple), call="layout_rows_waste",
+                 hidden=hidden, hint=waste),
+        ]
+
+    r = torch.randint
+    return [
+        Case("offs is torch.int32", (general, 4, 16), call="dtype_of_second", hint=int32),
+        Case("every group starts at a multiple of 16, counts [17, 15, 3, 13]", (general, 4, 16),
+             call="layout_starts", hint=starts, central=True),
+        Case("group sizes, counts [16, 32, 16, 16] (each already a multiple)", (multiples, 4, 16),
+             call="layout_group_sizes", hint=exact),
+        Case("group sizes, counts [16, 0, 32, 0] (two experts get no token)", (empties, 4, 16),
+             call="layout_group_sizes", hint=empty),
+        Case("group sizes, counts [17, 15, 3, 13]", (general, 4, 16), call="layout_group_sizes", hint=rounded),
+        Case("group sizes, multiple=1", (general, 4, 1), call="layout_group_sizes", hint=given),
+        Case("dest[p] is position p's row (one token per expert, multiple=1)", (one_each, 8, 1),
+             call="layout_slots_outside", hint=by_position),
+        Case("each position's row is inside its expert's group, counts [17, 15, 3, 13]", (general, 4, 16),
+             call="layout_slots_outside", hint=in_group),
+        Case("no two positions share a row", (general, 4, 16), call="layout_shared_rows", hint=one_row),
+        Case("ties keep their arrival order, counts [30, 25, 25]", (ties, 3, 8), call="layout_arrival_order",
+             hint=arrival),
+        Case("nothing is read back to the host (no sync on a GPU)", (general, 4, 16), call="host_reads_of",
+             expected=NO_HOST_READS, expect_value=True, hint=sync, central=True),
+        *rows_cases(general, 4, 16, False),
+        # hidden: other sizes, seeds and multiples
+        Case("group sizes, random routing, 8 experts", (r(0, 8, (50, 2), generator=gen), 8, 16),
+             call="layout_group_sizes", hidden=True, hint=rounded),
+        Case("group sizes, k=4, 16 experts, multiple 8", (r(0, 16, (37, 4), generator=gen), 16, 8),
+             call="layout_group_sizes", hidden=True, hint=rounded),
+        Case("group sizes, k=1, 3 experts, multiple 32", (r(0, 3, (100, 1), generator=gen), 3, 32),
+             call="layout_group_sizes", hidden=True, hint=rounded),
+        Case("group sizes, every token to one expert", (torch.full((20, 1), 2), 4, 16), call="layout_group_sizes",
+             hidden=True, hint=empty),
+        Case("group sizes, experts 2..5 get no token", (r(0, 2, (9, 3), generator=gen), 6, 16),
+             call="layout_group_sizes", hidden=True, hint=empty),
+        Case("every group starts at a multiple of 8, 16 experts", (r(0, 16, (37, 4), generator=gen), 16, 8),
+             call="layout_starts", hidden=True, hint=starts, central=True),
+        Case("each position's row is inside its expert's group, 8 experts", (r(0, 8, (50, 2), generator=gen), 8, 16),
+             call="layout_slots_outside", hidden=True, hint=in_group),
+        Case("dest[p] is position p's row, one token per expert", (torch.randperm(12, generator=gen)[:9, None], 12, 4),
+             call="layout_slots_outside", hidden=True, hint=by_position),
+        Case("no two positions share a row, k=4", (r(0, 5, (21, 4), generator=gen), 5, 16), call="layout_shared_rows",
+             hidden=True, hint=one_row),
+        Case("ties keep their arrival order, 2 experts, k=1", (r(0, 2, (120, 1), generator=gen), 2, 16),
+             call="layout_arrival_order", hidden=True, hint=arrival),
+        Case("no host reads, k=1, 7 experts, multiple 8", (r(0, 7, (9, 1), generator=gen), 7, 8),
+             call="host_reads_of", expected=NO_HOST_READS, expect_value=True, hidden=True, hint=sync, central=True),
+        *rows_cases(r(0, 16, (3, 1), generator=gen), 16, 16, True),     # fewer slots than experts
+        *rows_cases(r(0, 6, (200, 2), generator=gen), 6, 8, True),
+    ]
+
+
 SPEC = LabSpec("03_moe_lab", (
     Exercise("Exercise 1: permute_tokens", "permute_tokens", _permute_cases, _permute,
              forbidden=("helpers.moe.permute",),
@@ -141,4 +265,5 @@ SPEC = LabSpec("03_moe_lab", (
              forbidden=("bmm", "baddbmm", "helpers.moe.padded_bmm", "helpers.moe.moe_layer"),
              refused="a bmm needs every expert padded to the same number of rows, the waste this exercise "
                      "removes, and moe_layer runs the whole layer for you: run each expert on its own rows"),
+    Exercise("Exercise 4: padded_layout", "padded_layout", _layout_cases, _padded_layout),
 ))
