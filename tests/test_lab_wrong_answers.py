@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import itertools
 import json
 import math
 import os
@@ -1073,7 +1074,6 @@ def ffn_one_expert(xs, params, offs):
     return F.gelu(xs @ params["w_up"][0]) @ params["w_down"][0]
 
 
-# --- Lab 04: the C++ custom op (kernel bodies run in a child process) ----------------------------
 def _expert_counts(flat, num_experts):
     return torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
 
@@ -1248,6 +1248,7 @@ def layout_second_solution(expert_ids, num_experts, multiple=16):
     return (ends - sizes)[flat] + rank, ends.to(torch.int32), rows
 
 
+# --- Lab 04: the C++ custom op (kernel bodies run in a child process) ----------------------------
 
 BODIES = {
     # forgets to multiply by up
@@ -1771,8 +1772,8 @@ SECOND_SOLUTIONS_03_05 = [
     ("03_moe_lab", "permute_tokens", permute_one_hot),
     ("03_moe_lab", "fallback_grouped_gemm", gemm_second_solution),
     ("03_moe_lab", "expert_ffn", ffn_second_solution),
-    ("05_quantization_lab", "quantize_weight", quantize_second_solution),
     ("03_moe_lab", "padded_layout", layout_second_solution),
+    ("05_quantization_lab", "quantize_weight", quantize_second_solution),
     ("05_quantization_lab", "int8_linear", int8_linear_second_solution),
     ("05_quantization_lab", "quantize_model", quantize_model_second_solution),
     ("05_quantization_lab", "choose_plan", choose_plan_second_solution),
@@ -2285,6 +2286,101 @@ def accumulate_retain_graph(model, x, y, micro):
         loss.backward(retain_graph=True)
 
 
+def _plan_peak(saved, fixed, plan, rebuild=True, backward_from="last"):
+    """A plan's peak as the exercise states it (rebuild=True, backward from the last block), or as a mistake
+    works it out: no rebuild, or backward taken to start at the first block."""
+    held = sum(s for i, s in enumerate(saved) if i not in plan)
+    if not rebuild:
+        return fixed + held
+    before, rebuilt = 0, 0
+    for i in (range(len(saved)) if backward_from == "last" else reversed(range(len(saved)))):
+        if i in plan:
+            rebuilt = max(rebuilt, before + saved[i])
+        else:
+            before += saved[i]
+    return fixed + max(held, rebuilt)
+
+
+def _cheapest_plan(saved, cost, fits, when_none=None):
+    """The cheapest set of blocks for which fits(plan) holds, every set tried; when_none: what to return when
+    none does (None: raise, with the lowest peak)."""
+    plans = [set(c) for k in range(len(saved) + 1) for c in itertools.combinations(range(len(saved)), k)]
+    fitting = [p for p in plans if fits(p)]
+    if not fitting:
+        if when_none is not None:
+            return when_none
+        raise ValueError(f"no plan fits: the lowest peak a plan reaches is {min(_plan_peak(saved, 0, p) for p in plans)}")
+    return sorted(min(fitting, key=lambda p: sum(cost[i] for i in p)))
+
+
+def plan_everything(saved_bytes, recompute_cost, fixed_bytes, budget):
+    # checkpoints every block: the lowest peak, at the highest cost
+    if fixed_bytes + max(saved_bytes) > budget:
+        raise ValueError(f"no plan fits: the lowest peak a plan reaches is {fixed_bytes + max(saved_bytes)} bytes")
+    return list(range(len(saved_bytes)))
+
+
+def plan_ignores_fixed(saved_bytes, recompute_cost, fixed_bytes, budget):
+    # fits the activations alone into the budget
+    return _cheapest_plan(saved_bytes, recompute_cost, lambda p: _plan_peak(saved_bytes, 0, p) <= budget)
+
+
+def plan_ignores_rebuild(saved_bytes, recompute_cost, fixed_bytes, budget):
+    # a checkpointed block's bytes taken as gone for the whole step: its rebuild in backward forgotten
+    return _cheapest_plan(saved_bytes, recompute_cost,
+                          lambda p: _plan_peak(saved_bytes, fixed_bytes, p, rebuild=False) <= budget)
+
+
+def plan_backward_from_first(saved_bytes, recompute_cost, fixed_bytes, budget):
+    # the rebuild counted, but backward taken to run from the first block to the last
+    return _cheapest_plan(saved_bytes, recompute_cost,
+                          lambda p: _plan_peak(saved_bytes, fixed_bytes, p, backward_from="first") <= budget)
+
+
+def _greedy_plan(order):
+    """Blocks taken one at a time in order(saved, cost) until the peak fits."""
+    def plan(saved_bytes, recompute_cost, fixed_bytes, budget):
+        chosen = set()
+        for i in order(saved_bytes, recompute_cost):
+            if _plan_peak(saved_bytes, fixed_bytes, chosen) <= budget:
+                break
+            chosen.add(i)
+        if _plan_peak(saved_bytes, fixed_bytes, chosen) > budget:
+            raise ValueError(f"no plan fits: the lowest peak a plan reaches is {fixed_bytes + max(saved_bytes)} bytes")
+        return sorted(chosen)
+    return plan
+
+
+# the biggest blocks first, until the peak fits
+plan_biggest_first = _greedy_plan(lambda saved, cost: sorted(range(len(saved)), key=lambda i: -saved[i]))
+# the most bytes freed per FLOP recomputed first, until the peak fits
+plan_best_ratio_first = _greedy_plan(lambda saved, cost: sorted(range(len(saved)), key=lambda i: -saved[i] / cost[i]))
+
+
+def plan_strictly_below(saved_bytes, recompute_cost, fixed_bytes, budget):
+    # a peak equal to the budget taken as over it
+    return _cheapest_plan(saved_bytes, recompute_cost, lambda p: _plan_peak(saved_bytes, fixed_bytes, p) < budget)
+
+
+def plan_when_none_fits(saved_bytes, recompute_cost, fixed_bytes, budget):
+    # when no plan fits, returns every block (the lowest peak) instead of saying so
+    return _cheapest_plan(saved_bytes, recompute_cost, lambda p: _plan_peak(saved_bytes, fixed_bytes, p) <= budget,
+                          when_none=list(range(len(saved_bytes))))
+
+
+def plan_calls_modelled_peak(saved_bytes, recompute_cost, fixed_bytes, budget):
+    # every plan tried, each peak taken from the notebook's model: refused
+    from helpers.grading.harnesses.lab07 import modelled_peak
+    return _cheapest_plan(saved_bytes, recompute_cost, lambda p: modelled_peak(saved_bytes, fixed_bytes, p) <= budget)
+
+def plan_vague_error(saved_bytes, recompute_cost, fixed_bytes, budget):
+    # raises when no plan fits, but with no number to act on
+    plan = plan_when_none_fits(saved_bytes, recompute_cost, fixed_bytes, budget)
+    if _plan_peak(saved_bytes, fixed_bytes, set(plan)) > budget:
+        raise ValueError("the budget is too small")
+    return plan
+
+
 # Correct solutions written differently from the notebook's: each must get full marks.
 
 def predicted_bytes_second(model):
@@ -2315,6 +2411,28 @@ def accumulate_grads_second(model, x, y, micro):
     for start in range(0, n, size):
         xs, ys = x[start:start + size], y[start:start + size]
         (F.mse_loss(model(xs), ys, reduction="sum") / (n * ys.shape[1])).backward()
+
+
+def plan_checkpointing_second(saved_bytes, recompute_cost, fixed_bytes, budget):
+    # depth-first over the blocks in forward order, carrying what the earlier blocks hold and the worst rebuild
+    # so far; a branch stops once it is over the budget or costs as much as the best plan found
+    lowest = fixed_bytes + max(saved_bytes)
+    if lowest > budget:
+        raise ValueError(f"even with every block checkpointed the step peaks at {lowest} bytes, over the budget of "
+                         f"{budget}: raise the budget or shrink the batch")
+    room, best = budget - fixed_bytes, [math.inf, None]
+
+    def visit(i, held, worst, cost, chosen):
+        if cost >= best[0] or worst > room:
+            return
+        if i == len(saved_bytes):
+            if held <= room:
+                best[:] = [cost, chosen]
+            return
+        visit(i + 1, held + saved_bytes[i], worst, cost, chosen)
+        visit(i + 1, held, max(worst, held + saved_bytes[i]), cost + recompute_cost[i], chosen + (i,))
+    visit(0, 0, 0, 0.0, ())
+    return best[1]
 
 
 # --- Lab 08: debugging ---------------------------------------------------------------------------
@@ -2561,6 +2679,7 @@ SECOND_SOLUTIONS_07_08 = [
     ("07_memory_lab", "predicted_bytes", predicted_bytes_second),
     ("07_memory_lab", "keep_policy", keep_policy_second),
     ("07_memory_lab", "accumulate_grads", accumulate_grads_second),
+    ("07_memory_lab", "plan_checkpointing", plan_checkpointing_second),
     ("08_debugging_lab", "first_difference", first_difference_second),
     ("08_debugging_lab", "safe_normalize", safe_normalize_second),
     ("08_debugging_lab", "prepare", prepare_second),
@@ -3173,6 +3292,43 @@ WRONG = [
     Wrong(L03, "expert_ffn", "gelu-tanh", ffn_gelu_tanh, "4 experts, counts [47, 11, 4, 2]", "GELU"),
     Wrong(L03, "expert_ffn", "one-expert", ffn_one_expert, "4 experts, counts [47, 11, 4, 2]",
           "each expert on its own rows"),
+    Wrong(L03, "padded_layout", "bincount-reads-back", layout_bincount,
+          "nothing is read back to the host (no sync on a GPU)", "sizes its output from the data"),
+    Wrong(L03, "padded_layout", "unique-counts", layout_unique_counts,
+          "nothing is read back to the host (no sync on a GPU)", "sizes its output from the data"),
+    Wrong(L03, "padded_layout", "rows-read-back", layout_rows_read_back,
+          "nothing is read back to the host (no sync on a GPU)", ".item(), int() or Python loop"),
+    Wrong(L03, "padded_layout", "tolist-loop", layout_tolist_loop,
+          "nothing is read back to the host (no sync on a GPU)", ".tolist(), .item()"),
+    Wrong(L03, "padded_layout", "round-running-total", layout_round_running_total,
+          "group sizes, counts [17, 15, 3, 13]", "rounding the running total of the raw counts"),
+    Wrong(L03, "padded_layout", "pad-end-only", layout_pad_end_only,
+          "every group starts at a multiple of 16, counts [17, 15, 3, 13]", "not only the total"),
+    Wrong(L03, "padded_layout", "unstable", layout_unstable, "ties keep their arrival order, counts [30, 25, 25]",
+          "keep ties in order"),
+    Wrong(L03, "padded_layout", "int64-offsets", layout_int64_offsets, "offs is torch.int32",
+          "offs must be torch.int32"),
+    Wrong(L03, "padded_layout", "pads-exact-multiples", layout_pads_exact_multiples,
+          "group sizes, counts [16, 32, 16, 16] (each already a multiple)", "a multiple needs no padding row"),
+    Wrong(L03, "padded_layout", "clamp-min", layout_clamp_min,
+          "group sizes, counts [16, 0, 32, 0] (two experts get no token)", "an expert with no token needs no row"),
+    Wrong(L03, "padded_layout", "sorted-order", layout_sorted_order,
+          "dest[p] is position p's row (one token per expert, multiple=1)", "not the row of the p-th position in sorted"),
+    Wrong(L03, "padded_layout", "unpadded-dest", layout_unpadded_dest,
+          "each position's row is inside its expert's group, counts [17, 15, 3, 13]", "unpadded sort"),
+    Wrong(L03, "padded_layout", "group-start-only", layout_group_start_only, "no two positions share a row",
+          "a row of its own"),
+    Wrong(L03, "padded_layout", "always-16", layout_always_16, "group sizes, multiple=1",
+          "use the multiple you are given"),
+    Wrong(L03, "padded_layout", "rows-unpadded", layout_rows_unpadded,
+          "rows has room for every routing (48 positions, 4 experts, multiple 16)", "not only this routing's"),
+    Wrong(L03, "padded_layout", "rows-round-total", layout_rows_round_total,
+          "rows has room for every routing (48 positions, 4 experts, multiple 16)", "how many padding rows"),
+    Wrong(L03, "padded_layout", "rows-tensor", layout_rows_tensor,
+          "rows is a Python int (48 positions, 4 experts, multiple 16)", "not a tensor"),
+    Wrong(L03, "padded_layout", "rows-every-position-alone", layout_rows_every_position_alone,
+          "rows is no larger than T*k + (num_experts + 1) * multiple (48 positions, 4 experts, multiple 16)",
+          "not for one that cannot"),
 
     Wrong(L04, "silu_mul_body", "silu-without-up", BODIES["silu_without_up"], "shape (7,), torch.float32",
           "compute in acc_t", slow=True),
@@ -3292,43 +3448,6 @@ WRONG = [
 
     Wrong(L06, "key_mask", "true-on-padding", key_mask_true_on_padding, "a boolean mask, True on real keys",
           "True where the key is a real token"),
-    Wrong(L03, "padded_layout", "bincount-reads-back", layout_bincount,
-          "nothing is read back to the host (no sync on a GPU)", "sizes its output from the data"),
-    Wrong(L03, "padded_layout", "unique-counts", layout_unique_counts,
-          "nothing is read back to the host (no sync on a GPU)", "sizes its output from the data"),
-    Wrong(L03, "padded_layout", "rows-read-back", layout_rows_read_back,
-          "nothing is read back to the host (no sync on a GPU)", ".item(), int() or Python loop"),
-    Wrong(L03, "padded_layout", "tolist-loop", layout_tolist_loop,
-          "nothing is read back to the host (no sync on a GPU)", ".tolist(), .item()"),
-    Wrong(L03, "padded_layout", "round-running-total", layout_round_running_total,
-          "group sizes, counts [17, 15, 3, 13]", "rounding the running total of the raw counts"),
-    Wrong(L03, "padded_layout", "pad-end-only", layout_pad_end_only,
-          "every group starts at a multiple of 16, counts [17, 15, 3, 13]", "not only the total"),
-    Wrong(L03, "padded_layout", "unstable", layout_unstable, "ties keep their arrival order, counts [30, 25, 25]",
-          "keep ties in order"),
-    Wrong(L03, "padded_layout", "int64-offsets", layout_int64_offsets, "offs is torch.int32",
-          "offs must be torch.int32"),
-    Wrong(L03, "padded_layout", "pads-exact-multiples", layout_pads_exact_multiples,
-          "group sizes, counts [16, 32, 16, 16] (each already a multiple)", "a multiple needs no padding row"),
-    Wrong(L03, "padded_layout", "clamp-min", layout_clamp_min,
-          "group sizes, counts [16, 0, 32, 0] (two experts get no token)", "an expert with no token needs no row"),
-    Wrong(L03, "padded_layout", "sorted-order", layout_sorted_order,
-          "dest[p] is position p's row (one token per expert, multiple=1)", "not the row of the p-th position in sorted"),
-    Wrong(L03, "padded_layout", "unpadded-dest", layout_unpadded_dest,
-          "each position's row is inside its expert's group, counts [17, 15, 3, 13]", "unpadded sort"),
-    Wrong(L03, "padded_layout", "group-start-only", layout_group_start_only, "no two positions share a row",
-          "a row of its own"),
-    Wrong(L03, "padded_layout", "always-16", layout_always_16, "group sizes, multiple=1",
-          "use the multiple you are given"),
-    Wrong(L03, "padded_layout", "rows-unpadded", layout_rows_unpadded,
-          "rows has room for every routing (48 positions, 4 experts, multiple 16)", "not only this routing's"),
-    Wrong(L03, "padded_layout", "rows-round-total", layout_rows_round_total,
-          "rows has room for every routing (48 positions, 4 experts, multiple 16)", "how many padding rows"),
-    Wrong(L03, "padded_layout", "rows-tensor", layout_rows_tensor,
-          "rows is a Python int (48 positions, 4 experts, multiple 16)", "not a tensor"),
-    Wrong(L03, "padded_layout", "rows-every-position-alone", layout_rows_every_position_alone,
-          "rows is no larger than T*k + (num_experts + 1) * multiple (48 positions, 4 experts, multiple 16)",
-          "not for one that cannot"),
     Wrong(L06, "key_mask", "2d-mask", key_mask_2d, "a boolean mask, True on real keys",
           "shape (batch, 1, 1, max_len) broadcasts"),
     Wrong(L06, "key_mask", "float-mask", key_mask_float, "a boolean mask, True on real keys", "True where the key"),
@@ -3418,6 +3537,26 @@ WRONG = [
           "one chunk's activations alive at a time (4 chunks of 32 rows)", "forwards run ahead of their backwards"),
     Wrong(L07, "accumulate_grads", "retain-graph", accumulate_retain_graph,
           "one chunk's activations alive at a time (4 chunks of 32 rows)", "or a graph retained"),
+    Wrong(L07, "plan_checkpointing", "everything", plan_everything, "the step fits as it is (4 blocks)",
+          "checkpoint only what the peak requires"),
+    Wrong(L07, "plan_checkpointing", "ignores-fixed", plan_ignores_fixed,
+          "fixed_bytes count against the budget (4 blocks)", "the budget is for the step's whole peak"),
+    Wrong(L07, "plan_checkpointing", "ignores-rebuild", plan_ignores_rebuild,
+          "a large last block, cheap to recompute (4 blocks)", "rebuilds all its activations when backward reaches it"),
+    Wrong(L07, "plan_checkpointing", "backward-from-first", plan_backward_from_first,
+          "a large last block, cheap to recompute (4 blocks)", "backward reaches the last block first"),
+    Wrong(L07, "plan_checkpointing", "biggest-first", plan_biggest_first,
+          "a big block that costs more than a small one (5 blocks)", "checkpointing the biggest blocks first"),
+    Wrong(L07, "plan_checkpointing", "best-ratio-first", plan_best_ratio_first,
+          "the most bytes per FLOP frees too little (5 blocks)", "the most bytes per unit of recompute"),
+    Wrong(L07, "plan_checkpointing", "strictly-below", plan_strictly_below,
+          "a plan whose peak equals the budget (5 blocks)", "at most the budget, not below it"),
+    Wrong(L07, "plan_checkpointing", "plan-when-none-fits", plan_when_none_fits,
+          "no plan fits: ValueError with the lowest peak (3 blocks)", "a plan returned anyway hides that"),
+    Wrong(L07, "plan_checkpointing", "vague-error", plan_vague_error,
+          "no plan fits: ValueError with the lowest peak (3 blocks)", MATCH_HINT),
+    Wrong(L07, "plan_checkpointing", "calls-modelled-peak", plan_calls_modelled_peak, "the step fits as it is (4 blocks)",
+          FORBIDDEN_HINT),
 
     Wrong(L08, "first_difference", "absolute-tolerance", first_difference_absolute,
           "rtol is relative, not absolute (hashes near 1e6)", "larger than rtol times the larger of their magnitudes"),

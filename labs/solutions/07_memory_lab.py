@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | predict a training step's parameter, gradient and Adam-state bytes (frozen layers and bf16 parameters included) and compare them with the profiler's timeline; decide, op by op, what selective activation checkpointing keeps, so that backward recomputes no matmul and forward keeps less than `save_matmuls`; lower the activation peak with gradient accumulation while keeping the full-batch gradients, whatever the batch size |
+# | **What you will learn** | predict a training step's parameter, gradient and Adam-state bytes (frozen layers and bf16 parameters included) and compare them with the profiler's timeline; decide, op by op, what selective activation checkpointing keeps, so that backward recomputes no matmul and forward keeps less than `save_matmuls`; lower the activation peak with gradient accumulation while keeping the full-batch gradients, whatever the batch size; choose which blocks of different sizes to checkpoint so that a step fits a memory budget at the least recompute, then measure the plan |
 # | **Prerequisites** | lesson 07 |
 # | **Hardware** | any CPU |
-# | **Time** | 35 minutes |
+# | **Time** | 50 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise is followed by `check(...)`, which runs the grader's visible cases for that exercise:
@@ -183,3 +183,105 @@ print(f"activation peak: one batch {memory.mib(full_act)}, 4 micro-batches {memo
 if micro_act >= full_act:
     print("the micro-batches did not lower the activation peak: run backward() inside the loop, so each "
           "chunk's activations are freed before the next forward")
+
+
+# %% [markdown]
+# ## Exercise 4: fit a memory budget at the least recompute
+#
+# Lesson 07 chose which of four equal blocks to checkpoint. Here the blocks differ in size: checkpointing
+# each one frees a different number of bytes at a different price. For block `i` of a model, in forward
+# order, you get:
+#
+# - `saved_bytes[i]`: the bytes of activations the block keeps for backward when it is not checkpointed
+#   (checkpointed, it keeps only its input, which the model keeps either way);
+# - `recompute_cost[i]`: what checkpointing it costs: the FLOPs of its forward, run again in backward;
+# - `fixed_bytes`: the rest of the step's peak (parameters, gradients, Adam's state, the batch, the blocks'
+#   inputs).
+#
+# How the activations come and go: backward runs through the blocks from the last to the first. A block
+# that is not checkpointed holds its `saved_bytes` from its forward until its own backward is done. A
+# checkpointed block holds none of them until backward reaches it; then it rebuilds them all and holds them
+# until its backward is done. The step's peak is `fixed_bytes` plus the most activation bytes held at any
+# one moment.
+#
+# Write `plan_checkpointing(saved_bytes, recompute_cost, fixed_bytes, budget)`: return the indices of the
+# blocks to checkpoint (ints, in any order) so that the step's peak is at most `budget` bytes, at the least
+# total recompute cost (within 2% of the cheapest plan that fits). When no plan fits, raise `ValueError`
+# with a message that gives the lowest peak a plan can reach, in bytes (a plain integer), and what to do.
+# Up to 12 blocks; the grader uses other sizes, costs and budgets. After the check, the notebook plans for
+# this lab's model with your function and runs the plan under the profiler (`modelled_peak`, which it uses
+# there, is not allowed in your function).
+
+# %%
+def plan_checkpointing(saved_bytes: list[int], recompute_cost: list[float], fixed_bytes: int,
+                       budget: int) -> list[int]:
+    ### BEGIN SOLUTION
+    from itertools import combinations
+    n = len(saved_bytes)
+
+    def peak(plan):
+        held, rebuilt = 0, 0
+        for i, nbytes in enumerate(saved_bytes):
+            if i in plan:       # rebuilt when backward reaches it, while the blocks before it still hold theirs
+                rebuilt = max(rebuilt, held + nbytes)
+            else:
+                held += nbytes
+        return fixed_bytes + max(held, rebuilt)     # held: every block's, when backward starts
+
+    # Every plan (2**n of them, a few thousand at most here). Neither the biggest blocks first nor the most
+    # bytes per FLOP first finds the cheapest set in general, and a late block frees less than its bytes.
+    plans = (set(blocks) for k in range(n + 1) for blocks in combinations(range(n), k))
+    fitting = [plan for plan in plans if peak(plan) <= budget]
+    if not fitting:
+        # each block's bytes are held at some moment, whatever the plan: every block checkpointed is the lowest
+        lowest = fixed_bytes + max(saved_bytes)
+        raise ValueError(f"no plan fits a budget of {budget} bytes: the lowest peak a plan reaches is {lowest} "
+                         f"bytes, with every block checkpointed; raise the budget or lower the batch size")
+    return sorted(min(fitting, key=lambda plan: sum(recompute_cost[i] for i in plan)))
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("07_memory_lab", plan_checkpointing)
+
+# %% [markdown]
+# Your plan for this lab's model: six blocks whose hidden sizes are `HIDDEN` times `WIDTH` (the
+# even-numbered ones gated, like `memory.GatedMLP`), what each saves and costs measured here
+# (`block_costs`: the saved-tensor hooks and the FLOP counter), `fixed_bytes` read off the profiler's peak
+# without checkpointing, and a budget halfway between that peak and the lowest a plan can reach.
+
+# %%
+from helpers.grading.harnesses.lab07 import block_costs, measured_peak, modelled_peak
+
+HIDDEN = (2, 6, 1, 4, 8, 3)
+saved, flops = block_costs(WIDTH, HIDDEN, BATCH)
+no_checkpointing = measured_peak(WIDTH, HIDDEN, (), BATCH)
+fixed = no_checkpointing - sum(saved)
+budget = no_checkpointing - (no_checkpointing - fixed - max(saved)) // 2
+plan = sorted(plan_checkpointing(saved, flops, fixed, budget))
+for i, (h, nbytes, f) in enumerate(zip(HIDDEN, saved, flops)):
+    print(f"block {i}: hidden {h * WIDTH:>5}, saves {memory.mib(nbytes):>10}, recompute {f / 1e6:8.1f} MFLOP"
+          + ("   <- checkpointed" if i in plan else ""))
+print(f"fixed {memory.mib(fixed)}, budget {memory.mib(budget)}, peak without checkpointing {memory.mib(no_checkpointing)}")
+
+# %% [markdown]
+# The plan, run: one training step with those blocks under `torch.utils.checkpoint`, its peak measured by
+# the profiler, against the budget and against what the model of the exercise predicted.
+
+# %%
+measured, modelled = measured_peak(WIDTH, HIDDEN, plan, BATCH), modelled_peak(saved, fixed, plan)
+print(f"blocks {plan} checkpointed: measured peak {memory.mib(measured)}, budget {memory.mib(budget)}: "
+      + ("fits" if measured <= budget else f"over by {memory.mib(measured - budget)}"))
+print(f"the model predicted {memory.mib(modelled)}: off by {memory.mib(measured - modelled)} "
+      f"({(measured - modelled) / measured:+.1%} of the peak)")
+print(f"recomputed {sum(flops[i] for i in plan) / 1e6:.1f} MFLOP, "
+      f"{sum(flops[i] for i in plan) / sum(flops):.0%} of what checkpointing every block costs")
+if measured > budget:
+    print(f"plan again for {memory.mib(budget - (measured - modelled))} (the budget less what the model missed)")
+
+# %% [markdown]
+# What the model leaves out: backward through a block also holds the gradients it computes on the way (the
+# profiler's `autograd_detail`, a few of the block's activations in size) and the parameter gradients made so
+# far. `fixed_bytes`, read off the peak without checkpointing, holds them as they were at that peak; a plan
+# whose peak comes in another block's backward is off by the difference. A plan right at the budget needs
+# that much room to spare.

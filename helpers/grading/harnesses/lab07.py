@@ -3,6 +3,7 @@ tensors and measure what a value cannot show, and what its notebook imports besi
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 from torch import nn
@@ -204,3 +205,134 @@ def matmul_flops_recomputed(fn, width, depth, batch) -> int:
 def keeps_fewer_bytes_than_save_matmuls(fn, width, depth, batch) -> bool:
     return kept_bytes_and_backward_flops(fn, width, depth, batch)[0] < \
         kept_bytes_and_backward_flops(_keep_every_matmul, width, depth, batch)[0]
+
+
+# --- Exercise 4: which blocks to checkpoint under a memory budget --------------------------------------
+
+PLAN_OK = "fits the budget at the least recompute cost, or within 2% of it"
+
+
+def _activation_peak(saved_bytes, chosen) -> int:
+    """The most activation bytes held at one moment when the blocks in `chosen` are checkpointed, as exercise 4
+    states it: backward runs from the last block to the first; a block not checkpointed holds its bytes from
+    its forward until its backward is done; a checkpointed block holds none until backward reaches it, then
+    rebuilds them all and holds them until its backward is done."""
+    held, rebuilt = 0, 0
+    for i, nbytes in enumerate(saved_bytes):
+        if i in chosen:
+            rebuilt = max(rebuilt, held + nbytes)     # rebuilt while the earlier blocks still hold theirs
+        else:
+            held += nbytes
+    return max(held, rebuilt)                         # held: everything, when backward starts
+
+
+def modelled_peak(saved_bytes, fixed_bytes, blocks) -> int:
+    """The step's peak that exercise 4's model gives for checkpointing `blocks` (what the notebook compares
+    with the profiler's)."""
+    return fixed_bytes + _activation_peak(saved_bytes, set(blocks))
+
+
+def _block_indices(plan, n: int) -> set[int] | str:
+    """The blocks a plan names, or what is wrong with it (in words)."""
+    if isinstance(plan, torch.Tensor):
+        if plan.dtype == torch.bool:
+            return "a boolean mask, not a list of block indices"
+        plan = plan.flatten().tolist()
+    if isinstance(plan, (str, bytes, dict)) or not hasattr(plan, "__iter__"):
+        return f"a {type(plan).__name__}, not a list of block indices"
+    chosen = set()
+    for i in plan:
+        try:
+            i = operator.index(i) if not isinstance(i, bool) else None
+        except TypeError:
+            i = None
+        if i is None:
+            return "not a list of block indices: return the indices (ints) of the blocks to checkpoint"
+        if not 0 <= i < n:
+            return f"{i} is not a block index from 0 to {n - 1}"
+        chosen.add(i)
+    return chosen
+
+
+def checkpoint_plan_verdict(fn, saved_bytes, recompute_cost, fixed_bytes, budget, cheapest) -> str:
+    """Whether the blocks fn(saved_bytes, recompute_cost, fixed_bytes, budget) returns keep the modelled peak
+    within the budget, and at what recompute cost against `cheapest` (the cheapest plan's, which the grader
+    computes): PLAN_OK, or what is wrong, without the cheapest plan."""
+    saved_bytes, recompute_cost = list(saved_bytes), list(recompute_cost)
+    chosen = _block_indices(fn(list(saved_bytes), list(recompute_cost), fixed_bytes, budget), len(saved_bytes))
+    if isinstance(chosen, str):
+        return chosen
+    peak = fixed_bytes + _activation_peak(saved_bytes, chosen)
+    if peak > budget:
+        return f"blocks {sorted(chosen)} checkpointed: the step peaks at {peak} bytes, {peak - budget} over the budget"
+    cost = sum(recompute_cost[i] for i in chosen)
+    if cost <= 1.02 * cheapest * (1 + 1e-9):
+        return PLAN_OK
+    if cheapest == 0:
+        return f"blocks {sorted(chosen)} checkpointed: the step fits, but the cheapest plan that fits recomputes nothing"
+    return (f"blocks {sorted(chosen)} checkpointed: the step fits, but recomputes {cost / cheapest:.2f}x what the "
+            f"cheapest plan that fits does")
+
+
+class SizedBlock(nn.Module):
+    """x + down(gelu(up(x)) * gate(x)) (gated) or x + down(gelu(up(x))), with a hidden size of its own."""
+
+    def __init__(self, width: int, hidden: int, gated: bool):
+        super().__init__()
+        self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
+        self.gate = nn.Linear(width, hidden) if gated else None
+
+    def forward(self, x):
+        h = nn.functional.gelu(self.up(x))
+        return x + self.down(h * self.gate(x) if self.gate is not None else h)
+
+
+def budget_stack(width: int, hidden: tuple[int, ...], checkpointed=(), seed: int = 0) -> nn.Module:
+    """Exercise 4's model: one SizedBlock per entry of `hidden` (hidden size hidden[i] * width; the even-numbered
+    blocks gated), then a linear head; the blocks in `checkpointed` run under activation checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(SizedBlock(width, h * width, gated=i % 2 == 0) for i, h in enumerate(hidden))
+            self.head = nn.Linear(width, 1)
+
+        def forward(self, x):
+            for i, block in enumerate(self.blocks):
+                x = checkpoint(block, x, use_reentrant=False) if i in checkpointed else block(x)
+            return self.head(x)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Stack()
+
+
+def block_costs(width: int, hidden: tuple[int, ...], batch: int) -> tuple[list[int], list[int]]:
+    """For each block of budget_stack(width, hidden): the bytes its forward saves for backward (the storages of
+    the tensors autograd saves, less the parameters and the block's input, which the block keeps checkpointed
+    or not) and the FLOPs of its forward (torch.utils.flop_counter), which checkpointing runs again in backward."""
+    from torch.utils.flop_counter import FlopCounterMode
+    saved, flops = [], []
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(1))
+    for block in budget_stack(width, hidden).blocks:
+        kept_anyway = {t.untyped_storage().data_ptr() for t in (x, *block.parameters())}
+        storages = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in kept_anyway:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False) as counter:
+            block(x)
+        saved.append(sum(storages.values()))
+        flops.append(counter.get_total_flops())
+    return saved, flops
+
+
+def measured_peak(width: int, hidden: tuple[int, ...], checkpointed, batch: int) -> int:
+    """The profiler's peak (every category) of one Adam training step of budget_stack(width, hidden) with the
+    blocks in `checkpointed` checkpointed, after one unprofiled step (Adam makes its state in its first)."""
+    from helpers import memory
+    step = memory.training_step(budget_stack(width, hidden, set(checkpointed)), batch, width)
+    step()
+    return memory.peak_bytes(memory.timeline(memory.profile_steps(step, steps=1)))

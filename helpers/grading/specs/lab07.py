@@ -2,8 +2,11 @@
 and what each exercise refuses. Grader side only: the sandbox never sees this package."""
 from __future__ import annotations
 
+import math
+
 import torch
 
+from helpers.grading.harnesses.lab07 import PLAN_OK, modelled_peak
 from helpers.grading.specs.core import Case, Exercise, LabSpec
 
 
@@ -116,6 +119,117 @@ def _accumulate_cases(gen):
     ]
 
 
+def _every_plan(saved_bytes, recompute_cost, fixed_bytes):
+    """Every plan of n blocks at once, one row per plan (2**n rows): which blocks it checkpoints, the step's
+    peak and the recompute cost."""
+    n = len(saved_bytes)
+    chosen = (torch.arange(2 ** n)[:, None] >> torch.arange(n)) & 1 == 1
+    saved = torch.tensor(saved_bytes, dtype=torch.int64)
+    held = torch.where(chosen, 0, saved)
+    before = held.cumsum(1) - held                     # held by the earlier blocks when backward reaches block i
+    rebuilt = torch.where(chosen, saved + before, 0).amax(1)
+    peak = fixed_bytes + torch.maximum(held.sum(1), rebuilt)
+    return chosen, peak, chosen.double() @ torch.tensor(recompute_cost, dtype=torch.float64)
+
+
+def _plan_checkpointing(saved_bytes, recompute_cost, fixed_bytes, budget):
+    chosen, peak, cost = _every_plan(saved_bytes, recompute_cost, fixed_bytes)
+    fits = peak <= budget
+    if not fits.any():
+        raise ValueError(f"no plan fits a budget of {budget} bytes: the lowest peak a plan reaches is "
+                         f"{int(peak.min())} bytes; raise the budget or lower the batch size")
+    best = int(torch.where(fits, cost, math.inf).argmin())
+    return chosen[best].nonzero().flatten().tolist()
+
+
+MIB, GFLOP = 2 ** 20, 1e9
+
+
+def _plan_cases(gen):
+    nothing = ("each checkpointed block costs one more forward through it whether the budget needed it or not: "
+               "checkpoint only what the peak requires, and when the step fits as it is, nothing")
+    fixed = ("the budget is for the step's whole peak: the parameters, gradients, Adam's state and the blocks' "
+             "inputs (fixed_bytes) are held all along, and the activations must fit in what they leave")
+    rebuild = ("a checkpointed block rebuilds all its activations when backward reaches it, while the blocks before "
+               "it that are not checkpointed still hold theirs, and backward reaches the last block first: "
+               "checkpointing a late block lowers the peak by less than its saved_bytes (the last block's, by "
+               "nothing). Work out a plan's peak moment by moment through backward")
+    biggest = ("checkpointing the biggest blocks first fits the budget, but not at the least cost: a big block can "
+               "cost more to recompute than smaller ones that free enough together. The cheapest plan is a set of "
+               "blocks, and taking one block at a time in a fixed order can miss it")
+    ratio = ("taking first the blocks that free the most bytes per unit of recompute still misses the cheapest "
+             "plan: the blocks taken early may free too little, and the block that then closes the gap costs more "
+             "than one that would have fitted alone. Compare the total cost of plans that fit, not blocks one by one")
+    equal = "a plan whose peak equals the budget fits it: the peak must be at most the budget, not below it"
+    general = ("not the cheapest plan that fits: work out each plan's peak through backward (fixed_bytes counted, "
+               "every rebuild where backward reaches it) and compare the total cost of the plans that fit; no fixed "
+               "order of the blocks finds the cheapest set in general")
+    none_fits = ("no plan fits this budget, and a plan returned anyway hides that from the caller: raise ValueError, "
+                 "saying the lowest peak a plan can reach (in bytes) and what to do about it")
+
+    def case(name, saved, cost, fixed_bytes, budget, hint, hidden=False):
+        plan = _plan_checkpointing(saved, cost, fixed_bytes, budget)
+        cheapest = sum(cost[i] for i in plan)
+        return Case(name, (saved, cost, fixed_bytes, budget, cheapest), call="checkpoint_plan_verdict",
+                    expected=PLAN_OK, expect_value=True, hidden=hidden, hint=hint)
+
+    def visible(name, saved_mib, gflops, fixed_mib, budget_mib, hint):
+        return case(name, [s * MIB for s in saved_mib], [g * GFLOP for g in gflops], fixed_mib * MIB,
+                    budget_mib * MIB, hint)
+
+    def blocks(n):
+        """n blocks of 1 to 32 MiB each, with 0.25 to 1 GFLOP per MiB, and 64 to 512 MiB of fixed memory."""
+        saved = [int(v) * 2 ** 18 for v in torch.randint(4, 129, (n,), generator=gen)]
+        per_mib = torch.empty(n, dtype=torch.float64).uniform_(0.25, 1.0, generator=gen)
+        cost = [round(s / MIB * float(r) * GFLOP, -6) for s, r in zip(saved, per_mib)]
+        return saved, cost, int(torch.randint(64, 513, (), generator=gen)) * MIB
+
+    def between(n, name, hint):
+        saved, cost, fixed_bytes = blocks(n)
+        lowest, none = fixed_bytes + max(saved), fixed_bytes + sum(saved)
+        budget = lowest + int(float(torch.rand((), generator=gen)) * (none - lowest))
+        return case(name, saved, cost, fixed_bytes, budget, hint, hidden=True)
+
+    def at_a_plan(n, name, hint):
+        saved, cost, fixed_bytes = blocks(n)
+        plan = [i for i in range(n) if bool(torch.rand((), generator=gen) < 0.5)]
+        return case(name, saved, cost, fixed_bytes, modelled_peak(saved, fixed_bytes, plan), hint, hidden=True)
+
+    cases = [
+        visible("the step fits as it is (4 blocks)", [3, 5, 2, 4], [3, 5, 2, 4], 10, 25, nothing),
+        visible("fixed_bytes count against the budget (4 blocks)", [2, 5, 9, 3], [5, 2, 2, 6], 20, 37, fixed),
+        visible("a large last block, cheap to recompute (4 blocks)", [2, 8, 7, 5], [4, 1, 4, 3], 8, 19, rebuild),
+        visible("a big block that costs more than a small one (5 blocks)", [2, 4, 6, 3, 6], [7, 1, 2, 3, 4], 6, 25,
+                biggest),
+        visible("the most bytes per FLOP frees too little (5 blocks)", [8, 6, 4, 8, 6], [2, 1, 1, 8, 5], 5, 29,
+                ratio),
+        visible("a plan whose peak equals the budget (5 blocks)", [6, 7, 1, 3, 1], [7, 2, 2, 3, 7], 14, 27, equal),
+        Case("no plan fits: ValueError with the lowest peak (3 blocks)",
+             ([3 * MIB, 9 * MIB, 4 * MIB], [GFLOP] * 3, 10 * MIB, 18 * MIB), raises="ValueError",
+             match=str(19 * MIB), hint=none_fits),
+        between(8, "8 blocks, a budget between the lowest peak and none", general),
+        between(10, "10 blocks, a budget between the lowest peak and none", general),
+        between(12, "12 blocks, a budget between the lowest peak and none", general),
+        at_a_plan(10, "10 blocks, a budget equal to one plan's peak", equal),
+        at_a_plan(11, "11 blocks, a budget equal to another plan's peak", equal),
+    ]
+    saved, cost, fixed_bytes = blocks(9)
+    cases += [
+        case("9 blocks, a budget equal to the lowest peak", saved, cost, fixed_bytes, fixed_bytes + max(saved),
+             equal, hidden=True),
+        case("9 blocks, a budget equal to the peak without checkpointing", saved, cost, fixed_bytes,
+             fixed_bytes + sum(saved), f"{equal}; and when the step fits as it is, checkpoint nothing", hidden=True),
+        Case("one block, over the budget: checkpointing it lowers no peak",
+             (saved[:1], cost[:1], fixed_bytes, fixed_bytes + saved[0] - 1), hidden=True, raises="ValueError",
+             match=str(fixed_bytes + saved[0]), hint=f"{rebuild}. {none_fits}"),
+    ]
+    saved, cost, fixed_bytes = blocks(11)
+    lowest = fixed_bytes + max(saved)
+    cases.append(Case("11 blocks, no plan fits", (saved, cost, fixed_bytes, lowest - 1), hidden=True,
+                      raises="ValueError", match=str(lowest), hint=none_fits))
+    return cases
+
+
 SPEC = LabSpec("07_memory_lab", (
     Exercise("Exercise 1: predicted_bytes", "predicted_bytes", _predicted_cases, _predicted_bytes,
              forbidden=("helpers.memory.profile_steps", "helpers.memory.timeline"),
@@ -127,4 +241,8 @@ SPEC = LabSpec("07_memory_lab", (
              refused="these helpers hold a ready policy: decide for each op yourself whether to keep its output "
                      "or recompute it"),
     Exercise("Exercise 3: accumulate_grads", "accumulate_grads", _accumulate_cases, _accumulate),
+    Exercise("Exercise 4: plan_checkpointing", "plan_checkpointing", _plan_cases, _plan_checkpointing,
+             forbidden=("helpers.grading.harnesses.lab07.modelled_peak",),
+             refused="modelled_peak is the notebook's model of the peak, used after the check: work out a plan's "
+                     "peak yourself, from when backward holds and rebuilds each block's activations"),
 ))
