@@ -201,6 +201,23 @@ def test_an_earlier_exercise_is_substituted_while_a_later_one_is_graded():
     assert torch.equal(got["value"], torch.ones(6, 3))
 
 
+def test_lab_03_expert_ffn_on_a_wrong_fallback_keeps_its_marks():
+    """Lab 03's exercise 3 built on the learner's exercise 2: a wrong fallback costs marks in exercise 2 only."""
+    import torch.nn.functional as F
+    from helpers.grading.checks import call_case, expected_result
+    from helpers.grading.judge import judge_case as judge
+    namespace = {"torch": torch, "F": F}
+    exec("def fallback_grouped_gemm(xs, w, offs):\n    return xs @ w[0]\n"      # every row through expert 0
+         "def expert_ffn(xs, params, offs):\n"
+         "    return fallback_grouped_gemm(F.gelu(fallback_grouped_gemm(xs, params['w_up'], offs)),"
+         " params['w_down'], offs)\n", namespace)
+    exercise = spec_for("03_moe_lab").exercises[2]
+    for case in exercise.cases(torch.Generator().manual_seed(5)):
+        got = call_case(namespace["expert_ffn"], case.args, case.kwargs, case.call, exercise.forbidden,
+                        exercise.substitutes)
+        assert judge(exercise, case, expected_result(exercise, case), got) is None, case.name
+
+
 def test_unknown_lab_and_missing_folder_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="no grading spec for lab 'nope'"):
         spec_for("nope")

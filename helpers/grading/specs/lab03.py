@@ -264,6 +264,8 @@ SPEC = LabSpec("03_moe_lab", (
     Exercise("Exercise 3: expert_ffn without padding", "expert_ffn", _expert_ffn_cases, _expert_ffn,
              forbidden=("bmm", "baddbmm", "helpers.moe.padded_bmm", "helpers.moe.moe_layer"),
              refused="a bmm needs every expert padded to the same number of rows, the waste this exercise "
-                     "removes, and moe_layer runs the whole layer for you: run each expert on its own rows"),
+                     "removes, and moe_layer runs the whole layer for you: run each expert on its own rows",
+             # an expert FFN built on exercise 2's loop is graded with a right loop: a mistake there costs once
+             substitutes=(("fallback_grouped_gemm", "helpers.moe.loop_gemm"),)),
     Exercise("Exercise 4: padded_layout", "padded_layout", _layout_cases, _padded_layout),
 ))
