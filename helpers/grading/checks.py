@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import threading
+import types
 import warnings
 from concurrent.futures import thread as futures_thread
 from typing import Callable
@@ -205,7 +206,8 @@ def is_untouched_stub(fn) -> bool:
 @contextlib.contextmanager
 def substituted(fn: Callable, substitutes):
     """fn's globals with each (name, dotted path) pair bound to that public function, as they were after."""
-    namespace = getattr(inspect.unwrap(fn), "__globals__", None) if substitutes else None
+    # a plain function's own globals only: unwrapping would run a submission's properties outside the recording
+    namespace = fn.__globals__ if substitutes and isinstance(fn, types.FunctionType) else None
     if namespace is None:
         yield
         return
