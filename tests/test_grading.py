@@ -155,6 +155,18 @@ def test_judge_case_hints():
     assert "does not mention 'weight'" in judge_case(ex, raises, None, got)
 
 
+def test_a_wrong_dict_names_every_wrong_key():
+    """Two wrong predictions of four are both named, not only the first."""
+    ex = spec_for("00_warmup_lab").exercises[0]
+    case = Case("the four functions", (), hint="reread each one")
+    expected = {"a": "#1", "b": "#2", "c": "#3", "d": "#4"}
+    got = {"value": {"a": "#1", "b": "#9", "c": "#3", "d": "#8"}, "raised": None, "torch_calls": []}
+    problem = judge_case(ex, case, expected, got)
+    assert "['b', 'd']" in problem and "reread each one" in problem, problem
+    got["value"]["d"] = "#4"
+    assert "['b']" in judge_case(ex, case, expected, got)
+
+
 def test_missing_the_central_point_caps_the_exercise():
     """A softmax that is right everywhere but on the fully masked row (NaN there) passes most cases, and keeps
     only CENTRAL_CAP of the exercise's points; a right one keeps them all."""
