@@ -167,6 +167,21 @@ def test_a_wrong_dict_names_every_wrong_key():
     assert "['b']" in judge_case(ex, case, expected, got)
 
 
+def test_a_native_crash_in_a_call_gets_the_exercise_s_crash_hint():
+    from helpers.grading.grade import grade_one
+    spec = spec_for("04_custom_op_lab")
+    run = {"results": {}, "faults": {"silu_mul_body": "the function crashed (SIGSEGV)"}, "flags": [], "stops": []}
+    cases = {e.function: e.cases(torch.Generator().manual_seed(0)) for e in spec.exercises}
+    row = grade_one("oob", run, spec, cases, {e.function: [None] * len(cases[e.function]) for e in spec.exercises},
+                    "isolated")
+    line = next(line for line in row["lines"] if "Exercise 1" in line)
+    assert "crashed (SIGSEGV)" in line and "Hint:" in line and "[begin, end)" in line, line
+    run["faults"]["silu_mul_body"] = "the function ran past the time limit and was stopped"
+    row = grade_one("slow", run, spec, cases, {e.function: [None] * len(cases[e.function]) for e in spec.exercises},
+                    "isolated")
+    assert "Hint" not in next(line for line in row["lines"] if "Exercise 1" in line)
+
+
 def test_missing_the_central_point_caps_the_exercise():
     """A softmax that is right everywhere but on the fully masked row (NaN there) passes most cases, and keeps
     only CENTRAL_CAP of the exercise's points; a right one keeps them all."""

@@ -426,7 +426,9 @@ def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dic
                          f"forbidden call from the grader ({'; '.join(internals[:3])}); scored 0 until your "
                          f"instructor reviews it")
         elif ex.function in run["faults"]:
-            lines.append(f"❌ {ex.title}: {run['faults'][ex.function]}; no check could run")
+            fault = run["faults"][ex.function]
+            lines.append(f"❌ {ex.title}: {fault}; no check could run"
+                         + (f"\n   Hint: {ex.crashed}" if ex.crashed and "crashed (SIG" in fault else ""))
         elif not got or not got.get("defined"):
             lines.append(f"❌ {ex.title}: no function named {ex.function} was defined")
         else:

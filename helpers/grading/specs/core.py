@@ -46,6 +46,8 @@ class Exercise:
                                        # of a case that reached one of them
     needs: tuple[str, ...] = ()        # capabilities (helpers.device's names, as the lab's requires()) without
                                        # which the exercise is not gradable on the grading machine
+    crashed: str = ""                  # the hint when a call kills the process with a signal (a native crash):
+                                       # the usual mistake that does that, never the code
     substitutes: tuple[tuple[str, str], ...] = ()   # (name, dotted path of a public function): while this
                                        # exercise's cases run, the learner's global `name` (an earlier
                                        # exercise's function) is that function, so an earlier mistake costs

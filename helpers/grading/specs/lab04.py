@@ -163,7 +163,10 @@ def _record_schema_cases(gen):
 
 SPEC = LabSpec("04_custom_op_lab", (
     Exercise("Exercise 1: the C++ kernel body", "silu_mul_body", _kernel_cases,
-             lambda: KERNEL_BODY, needs=("cxx", "ninja")),
+             lambda: KERNEL_BODY, needs=("cxx", "ninja"),
+             crashed="a kernel that crashes the process has read or written memory it does not own: each call "
+                     "of silu_mul_chunk gets its own chunk [begin, end) and touches no index outside it, in out or "
+                     "in the inputs"),
     Exercise("Exercise 2: the fake kernel", "silu_mul_fake", _fake_cases, _fake),
     Exercise("Exercise 3: the autograd formula", "backward", _backward_cases, _backward,
              forbidden=("silu", "silu_backward", "sigmoid_backward"),
