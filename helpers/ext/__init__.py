@@ -82,7 +82,22 @@ def cache_key(*parts: str) -> str:
 def build_directory(name: str, cpp_source: str, sycl_source: str | None = None,
                     extra_cflags: tuple[str, ...] = ("-O3",)) -> Path:
     """Where `build_and_load` builds (and caches) this exact source."""
-    return CACHE_DIR / f"{name}-{cache_key(cpp_source, sycl_source or '', *extra_cflags)}"
+    runtime = loaded_cxx_runtime()
+    return CACHE_DIR / f"{name}-{cache_key(cpp_source, sycl_source or '', *extra_cflags, runtime.name if runtime else '')}"
+
+
+def loaded_cxx_runtime() -> Path | None:
+    """The C++ standard library this process has loaded (Linux; torch loads one), or None. Extensions are
+    linked against this very file. Left to its defaults, g++ 13.3 on Ubuntu 24.04 with torch 2.11 built an
+    extension that did not list the library among its dependencies, and streaming an integer into a
+    TORCH_CHECK message (std::ostream << long) crashed the process with SIGSEGV; linked against the loaded
+    file, the same source raises its message."""
+    try:
+        with open("/proc/self/maps") as maps:
+            found = {line.split()[-1] for line in maps if "/libstdc++.so" in line}
+    except OSError:
+        return None
+    return Path(sorted(found)[0]) if len(found) == 1 else None
 
 
 BUILD_LISTENERS: list = []   # callables told "start" and "end" around each compiler run (the grader's sandbox)
@@ -147,8 +162,10 @@ def _build(name: str, library: Path, cpp_source: str, sycl_source: str | None, e
     for listen in BUILD_LISTENERS:
         listen("start")
     try:
+        runtime = loaded_cxx_runtime()
         load_inline(library.stem, cpp_sources=cpp_source, sycl_sources=sycl_source,
                     extra_cflags=list(extra_cflags), extra_sycl_cflags=list(extra_cflags) if sycl_source else None,
+                    extra_ldflags=[str(runtime)] if runtime else None,
                     build_directory=str(directory), is_python_module=False, no_implicit_headers=True,
                     verbose=verbose)
     except RuntimeError as exc:                    # torch's "Error building extension ...": compiler output
