@@ -205,6 +205,14 @@ def augment_image(image: torch.Tensor, rng: torch.Generator | None = None, size:
     return (x - MEAN) / STD
 
 
+def tokenize_and_augment(item: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """A captioned image, as lab 01's loading job: item = (index, text, image) -> (the text's token ids as an
+    int64 tensor, the image through augment_image with a generator seeded for its index). Both kinds of
+    work in one transform: tokenize holds the GIL, augment_image's torch ops release it."""
+    index, text, image = item
+    return torch.tensor(tokenize(text), dtype=torch.int64), augment_image(image, item_generator(0, index))
+
+
 def make_texts(n: int, words: int = 400, seed: int = 0) -> list[str]:
     """n synthetic documents of `words` words each (deterministic)."""
     g = torch.Generator().manual_seed(seed)

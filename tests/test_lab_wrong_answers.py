@@ -531,13 +531,91 @@ def ordered_map_own_threads(fn, items, workers, prefetch=None, seed=0):
             t.join()
 
 
+def _loading_seconds(costs, items, cores, kind, workers, *, gil_part=True, start=True, send=True,
+                     cap=True, whole=True):
+    """Exercise 3's cost model, with one of its terms left out (what each wrong answer below forgets)."""
+    running = min(workers, cores) if cap else workers
+    rounds = math.ceil(items / running) if whole else items / running
+    computing = rounds * (costs["python_s"] + costs["torch_s"])
+    if kind == "threads":
+        return max(computing, items * costs["python_s"] if costs["gil_on"] and gil_part else 0.0)
+    return (workers * costs["start_s"] if start else 0.0) + max(computing, items * costs["send_s"] if send else 0.0)
+
+
+def _fastest(costs, items, cores, most=None, **left_out):
+    choices = [(kind, k) for k in range(1, (most or cores) + 1) for kind in ("threads", "processes")]
+    return min(choices, key=lambda c: (_loading_seconds(costs, items, cores, *c, **left_out), c[1]))
+
+
+def loader_always_processes(costs, items, cores):
+    # "processes always win": one per core
+    return ("processes", cores)
+
+
+def loader_always_threads(costs, items, cores):
+    # "threads are free": one per core
+    return ("threads", cores)
+
+
+def loader_always_cores(costs, items, cores):
+    # the faster kind, but always one worker per core
+    return min((("threads", cores), ("processes", cores)), key=lambda c: _loading_seconds(costs, items, cores, *c))
+
+
+def loader_ignores_gil_part(costs, items, cores):
+    # threads computed as if their Python ran in parallel with the GIL on
+    return _fastest(costs, items, cores, gil_part=False)
+
+
+def loader_gil_always_on(costs, items, cores):
+    # costs["gil_on"] never read: every Python taken to have the GIL
+    return _fastest({**costs, "gil_on": True}, items, cores)
+
+
+def loader_ignores_start(costs, items, cores):
+    # processes priced without their start-up
+    return _fastest(costs, items, cores, start=False)
+
+
+def loader_ignores_send(costs, items, cores):
+    # processes priced without handing their results back
+    return _fastest(costs, items, cores, send=False)
+
+
+def loader_beyond_cores(costs, items, cores):
+    # every worker computes at once, however few the cores: up to 4 workers per core
+    return _fastest(costs, items, cores, most=min(items, 4 * cores), cap=False)
+
+
+def loader_fractional_items(costs, items, cores):
+    # items shared out in fractions: the busiest worker runs items / workers of them
+    return _fastest(costs, items, cores, whole=False)
+
+
+def choose_loader_by_kind(costs, items, cores):
+    # a second, differently written right answer: integer ceilings, each kind's counts in turn, a running best
+    item = costs["python_s"] + costs["torch_s"]
+    gil_floor = items * costs["python_s"] if costs["gil_on"] else 0.0
+    best = None
+    for kind in ("processes", "threads"):
+        for k in range(cores, 0, -1):
+            busiest = -(-items // min(k, cores)) * item
+            t = max(busiest, gil_floor) if kind == "threads" else \
+                k * costs["start_s"] + max(busiest, items * costs["send_s"])
+            if best is None or t < best[0] or (t == best[0] and k <= best[2]):
+                best = (t, kind, k)
+    return best[1], best[2]
+
+
 @pytest.mark.parametrize("function, fn", [("augment", augment_thread_local_buffer),
                                           ("ordered_map", ordered_map_own_threads),
-                                          ("ordered_map", ordered_map_twice_workers)],
-                         ids=["augment-thread-local-buffer", "ordered_map-own-threads", "ordered_map-2x-workers"])
+                                          ("ordered_map", ordered_map_twice_workers),
+                                          ("choose_loader", choose_loader_by_kind)],
+                         ids=["augment-thread-local-buffer", "ordered_map-own-threads", "ordered_map-2x-workers",
+                              "choose_loader-by-kind"])
 def test_lab01_second_solutions_pass_every_case(function, fn):
     """Right answers written otherwise than the solution's (a per-thread buffer; threads and a queue of
-    its own instead of an executor) get full marks."""
+    its own instead of an executor; a running best over the counts of each kind) get full marks."""
     assert run_cases(L01, fn, function) == []
 
 
@@ -2634,6 +2712,154 @@ def export_torchscript(module, example, path):
     return torch.jit.load(path)
 
 
+def _halve(n, agrees, good=0, bad=None):
+    """Bisection between a k taken to agree (good) and one taken to disagree (bad, n by default): (good, bad)
+    once they are one apart."""
+    bad = n if bad is None else bad
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if agrees(mid):
+            good = mid
+        else:
+            bad = mid
+    return good, bad
+
+
+def divergent_linear_scan(n, agrees):
+    # a scan from layer 0: the right layer, one run per layer up to it
+    for k in range(1, n + 1):
+        if not agrees(k):
+            return k - 1
+    raise ValueError(f"all {n} layers compiled agree")
+
+
+def divergent_scan_from_the_end(n, agrees):
+    # a scan from the whole model down: one run per layer after it
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled agree")
+    k = n
+    while k > 1 and not agrees(k - 1):
+        k -= 1
+    return k - 1
+
+
+def divergent_asks_pairs(n, agrees):
+    # looks for the boundary itself, agrees(mid) and agrees(mid + 1) at each step: two runs per halving
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled agree")
+    lo, hi = 0, n - 1
+    while True:
+        mid = (lo + hi) // 2
+        before, after = agrees(mid), agrees(mid + 1)
+        if before and not after:
+            return mid
+        if before:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+
+
+def divergent_asks_zero(n, agrees):
+    # asks agrees(0) as well, to check the eager run: a run the text already answers
+    if not agrees(0):
+        raise ValueError("the eager model does not agree with itself")
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled agree")
+    return _halve(n, agrees)[0]
+
+
+def divergent_confirms(n, agrees):
+    # asks the two runs around the boundary again at the end, to confirm what the search already knows
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled agree")
+    good, bad = _halve(n, agrees)
+    assert agrees(good) and not agrees(bad)
+    return good
+
+
+def divergent_asks_after_the_end(n, agrees):
+    # asks before testing whether one layer is left: with one layer, a run of agrees(0)
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled agree")
+    good, bad = 0, n
+    while True:
+        mid = (good + bad) // 2
+        if agrees(mid):
+            good = mid
+        else:
+            bad = mid
+        if bad - good <= 1:
+            return good
+
+
+def divergent_one_based(n, agrees):
+    # returns the first k that disagrees: the layer counted from 1
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled agree")
+    return _halve(n, agrees)[1]
+
+
+def divergent_true_division(n, agrees):
+    # (good + bad) / 2 is a float, and agrees takes a number of layers
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled agree")
+    good, bad = 0, n
+    while bad - good > 1:
+        mid = (good + bad) / 2
+        if agrees(mid):
+            good = mid
+        else:
+            bad = mid
+    return int(good)
+
+
+def divergent_layer_zero_assumed(n, agrees):
+    # takes agrees(1) as True without asking: layer 0 is never blamed
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled agree")
+    return _halve(n, agrees, good=1)[0]
+
+
+def divergent_last_layer_left_out(n, agrees):
+    # takes agrees(n - 1) as False: the search never reaches the last layer
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled agree")
+    return _halve(n, agrees, bad=max(n - 1, 1))[0]
+
+
+def divergent_never_asks_n(n, agrees):
+    # takes agrees(n) as False without asking: a model that agrees gets layer n - 1
+    return _halve(n, agrees)[0]
+
+
+def divergent_returns_none(n, agrees):
+    # returns None when the whole model agrees, instead of raising
+    if agrees(n):
+        return None
+    return _halve(n, agrees)[0]
+
+
+def divergent_vague_error(n, agrees):
+    # raises, but the message says neither how many layers were compiled nor where to look
+    if agrees(n):
+        raise ValueError("no divergence found")
+    return _halve(n, agrees)[0]
+
+
+def divergent_never_ends(n, agrees):
+    # good = mid and bad = mid with `while good < bad`: two apart, mid rounds down to good and nothing shrinks
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled agree")
+    good, bad = 0, n
+    while good < bad:
+        mid = (good + bad) // 2
+        if agrees(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
 # Correct solutions written differently from the notebook's: each must get full marks.
 
 def first_difference_second(a, b, rtol=0.0):
@@ -2675,6 +2901,14 @@ def export_and_reload_second(module, example, path):
     return torch.export.load(path).module()
 
 
+def first_divergent_second(n, agrees):
+    from bisect import bisect_left           # the first k in 1..n whose run disagrees, on a lazy key
+    k = bisect_left(range(1, n + 1), True, key=lambda k: not agrees(k))
+    if k == n:
+        raise ValueError(f"compiling all {n} layers changes nothing: the divergence is not in one layer")
+    return k
+
+
 SECOND_SOLUTIONS_07_08 = [
     ("07_memory_lab", "predicted_bytes", predicted_bytes_second),
     ("07_memory_lab", "keep_policy", keep_policy_second),
@@ -2684,6 +2918,7 @@ SECOND_SOLUTIONS_07_08 = [
     ("08_debugging_lab", "safe_normalize", safe_normalize_second),
     ("08_debugging_lab", "prepare", prepare_second),
     ("08_debugging_lab", "export_and_reload", export_and_reload_second),
+    ("08_debugging_lab", "first_divergent", first_divergent_second),
 ]
 
 
@@ -3201,6 +3436,24 @@ WRONG = [
           "item i is seeded with data.item_generator(seed, i)", "a new generator per item"),
     Wrong(L01, "ordered_map", "calls-thread-map", ordered_map_thread_map, "`workers` calls run at once",
           FORBIDDEN_HINT),
+    Wrong(L01, "choose_loader", "always-processes", loader_always_processes,
+          "torch ops with the GIL on, 500 items, 4 cores", "torch ops release the GIL"),
+    Wrong(L01, "choose_loader", "always-threads", loader_always_threads,
+          "pure Python with the GIL on, 2000 items, 8 cores", "one thread at a time runs Python"),
+    Wrong(L01, "choose_loader", "always-cores", loader_always_cores, "3 items on 8 cores",
+          "a worker with no item adds nothing"),
+    Wrong(L01, "choose_loader", "ignores-gil-part", loader_ignores_gil_part,
+          "pure Python with the GIL on, 2000 items, 8 cores", "however many threads there are"),
+    Wrong(L01, "choose_loader", "gil-always-on", loader_gil_always_on,
+          "pure Python with the GIL off (free-threaded), 1000 items, 8 cores", "read costs['gil_on']"),
+    Wrong(L01, "choose_loader", "ignores-start", loader_ignores_start, "16 items, a slow process start (0.5 s)",
+          "the start-ups are not paid back"),
+    Wrong(L01, "choose_loader", "ignores-send", loader_ignores_send, "large results, slow to send",
+          "receives every result from the processes, one at a time"),
+    Wrong(L01, "choose_loader", "beyond-cores", loader_beyond_cores, "pure Python, cheap processes, 2 cores",
+          "a worker beyond the cores adds no computing"),
+    Wrong(L01, "choose_loader", "fractional-items", loader_fractional_items, "3 items on 8 cores",
+          "a worker runs whole items"),
 
     Wrong(L02, "combo_grid", "floor", combo_grid_floor, "the example", "(n + block - 1) // block"),
     Wrong(L02, "combo_grid", "plus-one", combo_grid_plus_one, "exact multiples", "exactly k*block elements"),
@@ -3605,6 +3858,34 @@ WRONG = [
           "returns the loaded module (callable)", "an ExportedProgram itself cannot be called"),
     Wrong(L08, "export_and_reload", "torchscript", export_torchscript,
           "export accepts the batch as dynamic (a loop-free forward)", FORBIDDEN_HINT),
+    Wrong(L08, "first_divergent", "linear-scan", divergent_linear_scan,
+          "16 layers, layer 9 breaks agreement: at most 5 runs of agrees", "not one layer"),
+    Wrong(L08, "first_divergent", "scan-from-the-end", divergent_scan_from_the_end,
+          "16 layers, layer 9 breaks agreement: at most 5 runs of agrees", "not one layer"),
+    Wrong(L08, "first_divergent", "asks-pairs", divergent_asks_pairs,
+          "16 layers, layer 9 breaks agreement: at most 5 runs of agrees", "needs no second call beside it"),
+    Wrong(L08, "first_divergent", "asks-zero", divergent_asks_zero,
+          "16 layers, layer 9 breaks agreement: at most 5 runs of agrees", "a call whose answer the text gives"),
+    Wrong(L08, "first_divergent", "confirms", divergent_confirms,
+          "16 layers, layer 9 breaks agreement: at most 5 runs of agrees", "or an earlier call gave"),
+    Wrong(L08, "first_divergent", "asks-after-the-end", divergent_asks_after_the_end, "1 layer: at most 1 run",
+          "a call whose answer the text gives"),
+    Wrong(L08, "first_divergent", "one-based", divergent_one_based, "8 layers, layer 5 breaks agreement: the layer",
+          "the last of those k"),
+    Wrong(L08, "first_divergent", "true-division", divergent_true_division,
+          "8 layers, layer 5 breaks agreement: the layer", "an int from 0 to n"),
+    Wrong(L08, "first_divergent", "layer-zero-assumed", divergent_layer_zero_assumed, "layer 0 breaks agreement",
+          "only agrees(0) (nothing compiled) is known to agree"),
+    Wrong(L08, "first_divergent", "last-layer-left-out", divergent_last_layer_left_out,
+          "the last layer breaks agreement", "the range of suspects runs up to n - 1"),
+    Wrong(L08, "first_divergent", "never-asks-n", divergent_never_asks_n,
+          "the whole model agrees: ValueError that gives n", "is not known to be False until you ask"),
+    Wrong(L08, "first_divergent", "returns-none", divergent_returns_none,
+          "the whole model agrees: ValueError that gives n", "there is no index to return, raise ValueError"),
+    Wrong(L08, "first_divergent", "vague-error", divergent_vague_error,
+          "the whole model agrees: ValueError that gives n", MATCH_HINT),
+    Wrong(L08, "first_divergent", "never-ends", divergent_never_ends, "1 layer, which breaks agreement: the layer",
+          "never ends"),
     Wrong(L09, "pairs_needed", "normal-quantiles", pairs_z, "6 A/A pairs at a spread of about 0.10, a 10% change",
           "far from the normal quantiles"),
     Wrong(L09, "pairs_needed", "no-power", pairs_no_power,

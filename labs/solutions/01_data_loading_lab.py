@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | to find and remove the shared state that breaks a transform on threads (a shared buffer, the global RNG); to seed per item so threaded results equal the serial ones bit for bit; to make a race show every time instead of sometimes; to write an ordered thread loader whose read-ahead you choose (not `Executor.map`, which reads everything) and measure the gain |
+# | **What you will learn** | to find and remove the shared state that breaks a transform on threads (a shared buffer, the global RNG); to seed per item so threaded results equal the serial ones bit for bit; to make a race show every time instead of sometimes; to write an ordered thread loader whose read-ahead you choose (not `Executor.map`, which reads everything) and measure the gain; to choose threads or processes, and how many, from costs measured on your machine, and to hold that choice against a real run |
 # | **Prerequisites** | lesson 01 (free-threaded data loading) |
 # | **Hardware** | any CPU; the speed-up is measured, not checked, and shows only with 2 or more cores |
-# | **Time** | 35 minutes |
+# | **Time** | 50 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
 #
 # Each exercise cell is followed by a check cell. A check prints `✅ ... passed`, or stops with `❌` and a
@@ -37,22 +37,27 @@ if "google.colab" in sys.modules:
 QUICK = False      # quick mode: fewer, smaller images (papermill: -p QUICK True)
 N_IMAGES = 48
 SIDE = 224
+WORDS = 2000       # words of the text that comes with each image (exercise 3)
 
 # %%
+import copy
+import math
+import statistics
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
 
 from helpers import bench, data
-from helpers.device import capabilities, pick_device, quick_mode
+from helpers.device import capabilities, gil_on, pick_device, quick_mode
 from helpers.grading.checks import check
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()          # loading runs on the CPU; DEVICE is where a training step would run
 if QUICK:
-    N_IMAGES, SIDE = 16, 160
+    N_IMAGES, SIDE, WORDS = 16, 160, 1000
 torch.set_num_threads(1)        # one torch thread per loader worker, as DataLoader workers use
 CORES = capabilities().cpu_count
 images = data.make_images(N_IMAGES, side=SIDE)
@@ -285,6 +290,155 @@ print(f"measured: {ratio:.2f}x the serial pipeline's speed on {CORES} core(s)"
       + ("" if CORES >= 2 else " (1 core: threads cannot run in parallel here)"))
 
 # %% [markdown]
+# ## Exercise 3: threads or processes, and how many
+#
+# Exercise 2's loader runs threads, and lesson 01 measured where threads win and where only processes do. A
+# real loading job has both kinds of work. Here each item is an image with the text that comes with it
+# (`data.tokenize_and_augment`): tokenizing the text is pure Python, so it holds the GIL; augmenting the
+# image is torch ops, which release the GIL while they compute. Whether threads or processes load such items
+# faster, and how many of them, depends on what each part costs on this machine. The cell below measures the
+# five numbers that decide it:
+#
+# - `python_s`: seconds per item in the pure-Python part (`data.tokenize`);
+# - `torch_s`: seconds per item in the torch part (`data.augment_image`, one torch thread, as a loader's
+#   workers run it);
+# - `send_s`: seconds per item that handing a result back from a worker process adds: one `DataLoader`
+#   worker hands back ready results (each tensor goes through shared memory, and the main process receives
+#   the results one at a time), less the copy it makes of each;
+# - `start_s`: seconds to start one `DataLoader` worker process, before its first item, by this Python's
+#   start method (`fork`, `spawn`, or `forkserver`, Linux's default from Python 3.14);
+# - `gil_on`: whether the GIL is on in this process now (`helpers.device.gil_on()`); it is off only on a
+#   free-threaded build that runs without it.
+
+# %%
+texts = data.make_texts(N_IMAGES, words=WORDS)
+jobs = [(i, text, image) for i, (text, image) in enumerate(zip(texts, images))]
+
+
+def median_seconds(run, repeats=3):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def process_loader(fn, items, workers, **options):
+    """DataLoader worker processes that hand back fn(item) one item at a time (batch_size=None)."""
+    return torch.utils.data.DataLoader(data.MapDataset(items, fn), batch_size=None, num_workers=workers, **options)
+
+
+python_s = median_seconds(lambda: [data.tokenize(text) for text in texts]) / N_IMAGES
+torch_s = median_seconds(lambda: [data.augment_image(image, data.item_generator(0, i))
+                                  for i, image in enumerate(images)]) / N_IMAGES
+ready = [data.tokenize_and_augment(job) for job in jobs]
+handing_back = process_loader(copy.deepcopy, ready, 1, persistent_workers=True)   # a fresh copy of each result
+data.count(handing_back)                                   # started here, so the epochs timed below pay no start
+send_s = max(median_seconds(lambda: data.count(handing_back))
+             - median_seconds(lambda: [copy.deepcopy(result) for result in ready]), 0.0) / N_IMAGES
+data.shutdown([handing_back])
+first_item = median_seconds(lambda: data.count(process_loader(data.tokenize_and_augment, jobs[:1], 1)))
+start_s = max(first_item - (python_s + torch_s + send_s), 0.0)
+COSTS = {"python_s": python_s, "torch_s": torch_s, "send_s": send_s, "start_s": start_s, "gil_on": gil_on()}
+print(f"python_s {python_s * 1e3:.2f} ms · torch_s {torch_s * 1e3:.2f} ms · send_s {send_s * 1e3:.2f} ms · "
+      f"start_s {start_s * 1e3:.0f} ms ({torch.multiprocessing.get_start_method()}) · gil_on {COSTS['gil_on']}")
+
+
+# %% [markdown]
+# **The cost model.** In this exercise, loading `items` items with `workers` workers on `cores` cores takes:
+#
+# - computing: a worker runs whole items, one at a time, and at most `cores` workers compute at once; an
+#   item costs `python_s + torch_s`;
+# - threads share one interpreter. With the GIL on, one thread at a time runs Python, so the pure-Python
+#   parts of all the items run one after another, whichever threads run them; torch ops release the GIL and
+#   overlap. With the GIL off, nothing is serialised. Threads cost nothing to start, and hand their results
+#   over in memory at no cost;
+# - processes each have their own interpreter and GIL. The main process starts them one after another
+#   before loading begins (`start_s` each), then receives every result, one at a time (`send_s` each), while
+#   the processes compute;
+# - work that overlaps takes as long as its longest part; work that waits for other work adds to it.
+#
+# **Your decision.** Write `choose_loader(costs, items, cores)`: the fastest way to load `items` items under
+# this model, as a tuple `("threads", workers)` or `("processes", workers)`, `workers` a Python int of at
+# least 1. Where several choices load as fast, take the one with the fewest workers: a worker that makes
+# loading no faster only holds memory (a thread its stack and its items, a process a whole interpreter).
+# The check holds your choice against the fastest, within 2%, on costs, item counts and core counts of its
+# own, with the GIL on and off; the cell after it runs your choice and the others on this machine.
+
+# %%
+def choose_loader(costs, items, cores):
+    ### BEGIN SOLUTION
+    item = costs["python_s"] + costs["torch_s"]
+
+    def seconds(kind, workers):
+        computing = math.ceil(items / min(workers, cores)) * item   # whole items, at most `cores` at once
+        if kind == "threads":            # one interpreter: with the GIL on, its Python runs one item at a time
+            return max(computing, items * costs["python_s"] if costs["gil_on"] else 0.0)
+        return workers * costs["start_s"] + max(computing, items * costs["send_s"])   # started, then received
+
+    choices = [(kind, workers) for workers in range(1, cores + 1) for kind in ("threads", "processes")]
+    return min(choices, key=lambda choice: (seconds(*choice), choice[1]))   # ties: the fewest workers
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("01_data_loading_lab", choose_loader)
+
+# %% [markdown]
+# Your choice on this machine: this notebook's items loaded by your choice and by threads and processes of
+# other counts (`data.thread_map`; a `DataLoader` started for each epoch, so its start-up counts, as in the
+# model), median of 3 epochs each, beside what the model says each costs. The last lines ask your function
+# about other jobs with the same costs.
+
+# %%
+from helpers.grading.harnesses.lab01 import loading_seconds
+
+kind, workers = choose_loader(COSTS, N_IMAGES, CORES)
+chosen = f"{kind} x{workers}"
+candidates, modelled = {}, {}
+for k in sorted({1, min(2, CORES), min(4, CORES), workers}):
+    candidates[f"threads x{k}"] = lambda k=k: data.count(data.thread_map(data.tokenize_and_augment, jobs, workers=k))
+    candidates[f"processes x{k}"] = lambda k=k: data.count(process_loader(data.tokenize_and_augment, jobs, k))
+    for name in (f"threads x{k}", f"processes x{k}"):
+        modelled[name] = loading_seconds(COSTS, N_IMAGES, CORES, name.split(" x")[0], k)
+with warnings.catch_warnings():      # more workers than cores is one of the choices measured
+    warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+    r = bench.compare(candidates, baseline=chosen, repeats=3, min_run_time=0.01, warmup=0, threads=1, device="cpu")
+measured = {name: r["results"][name]["median_s"] for name in candidates}
+print(f"{N_IMAGES} items on {CORES} cores{'':<8}{'modelled':>10}{'measured':>11}{'spread':>20}")
+for name in candidates:
+    low, high = r["results"][name]["min_s"], r["results"][name]["max_s"]
+    print(f"{name:<28}{modelled[name] * 1e3:>7.1f} ms{measured[name] * 1e3:>8.1f} ms"
+          f"{f'{low * 1e3:.1f} - {high * 1e3:.1f} ms':>20}" + ("   <- your choice" if name == chosen else ""))
+fastest = min(measured, key=measured.get)
+if fastest == chosen:
+    print(f"\nyour choice, {chosen}, was the fastest measured")
+elif not bench.separated(r, fastest, chosen):
+    print(f"\nyour choice, {chosen}, and the fastest measured, {fastest}, overlap over the repeats: a tie within "
+          f"noise here")
+else:
+    print(f"\nthe fastest measured was {fastest}, not your {chosen}: the model and this machine disagree")
+off = {k: statistics.median(measured[n] / modelled[n] for n in candidates if n.startswith(k))
+       for k in ("threads", "processes")}
+print(f"measured / modelled, median: {off['threads']:.2f}x for threads, {off['processes']:.2f}x for processes")
+if off["threads"] > 1.1 and off["threads"] >= off["processes"]:
+    print("the model undercharges threads most: it lets them overlap perfectly, but every torch op releases the GIL "
+          "and takes it back, so each op is a hand-over where a thread may wait for another")
+elif off["processes"] > 1.1:
+    print("the model undercharges processes most: it charges start_s and send_s as measured with one worker; with "
+          "several, their start-ups and the main process's receiving take turns on the cores with the workers")
+if off["processes"] < 0.9:
+    print("the model overcharges processes: it counts their start-ups one after another, whole, but once the main "
+          "process has started a worker, that worker's own set-up runs beside the next one's start")
+if all(0.9 <= ratio <= 1.1 for ratio in off.values()):
+    print("the model holds here, within 10% for both: on this machine, with these costs, what it leaves out "
+          "weighs little")
+for items, cores, gil in dict.fromkeys(((10_000, CORES, COSTS["gil_on"]), (10_000, 16, True), (10_000, 16, False))):
+    print(f"your choice for {items} items on {cores} cores, GIL {'on' if gil else 'off'}: "
+          f"{choose_loader({**COSTS, 'gil_on': gil}, items, cores)}")
+
+# %% [markdown]
 # ## What you did
 #
 # - Shared state is the usual reason a transform breaks on threads. The GIL does not protect a tensor
@@ -295,6 +449,9 @@ print(f"measured: {ratio:.2f}x the serial pipeline's speed on {CORES} core(s)"
 # - A loader's read-ahead is a decision: enough items in flight to keep every worker busy while the
 #   training loop holds a result (`workers + 1`; more absorbs uneven items), no more held in memory. `Executor.map` makes no such decision; `thread_map`'s `prefetch`, torchdata's `max_concurrent`
 #   and `DataLoader`'s `prefetch_factor` do.
+# - Threads or processes, and how many, is a decision made from measured costs: what holds the GIL, what a
+#   process costs to start and each result to send back, how many items and cores. A model of those costs
+#   chooses; a real run shows what the model leaves out.
 # - On a free-threaded build (3.13t/3.14t, `environments/free-threaded.txt`), the same `ordered_map`
 #   also speeds up pure-Python transforms; on a GIL build only processes (`DataLoader(num_workers=k)`)
 #   do that.

@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | compare two DebugMode hash traces yourself; write a normalisation whose gradient has no NaN at zero (checked with anomaly mode); make a compiled function accept every batch size from 1 to 512 without recompiling (and see why `mark_dynamic` cannot); find the batch size `torch.jit.trace` silently baked into a module, and export a version whose program is the same for every batch size (1 to 512) with `torch.export` |
+# | **What you will learn** | compare two DebugMode hash traces yourself; write a normalisation whose gradient has no NaN at zero (checked with anomaly mode); make a compiled function accept every batch size from 1 to 512 without recompiling (and see why `mark_dynamic` cannot); find the batch size `torch.jit.trace` silently baked into a module, and export a version whose program is the same for every batch size (1 to 512) with `torch.export`; find the layer whose compiled version breaks agreement with eager within a budget of runs, then run that search on blocks Inductor compiles and see what it does to a dropout |
 # | **Prerequisites** | lesson 08 |
-# | **Hardware** | any CPU |
-# | **Time** | 35 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
+# | **Hardware** | any CPU with a C++ compiler (exercise 5's run compiles with Inductor, whose CPU backend builds C++) |
+# | **Time** | 50 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); exercise 5, added later, checked in quick mode on 2.13.0+cpu and 2.10.0+cu128 (no GPU) (2026-12-04) |
 #
 # Each exercise cell is followed by a check cell: `check(LAB, function)` runs the cases the grader's
 # visible checks run (`python -m helpers grade` adds hidden ones) and prints `✅ ... passed`, or stops with `❌` and a hint.
@@ -223,3 +223,124 @@ def export_and_reload(module: nn.Module, example: torch.Tensor, path: str):
 
 # %% tags=["nbval-check-output"]
 check("08_debugging_lab", export_and_reload)
+
+
+# %% [markdown]
+# ## Exercise 5: which layer does compiling break?
+#
+# A model gives other outputs once compiled, by more than rounding. To find the layer responsible, compile
+# some of its layers and leave the others eager. `agrees(k)` runs the model with its first `k` layers
+# compiled (layers 0 to k - 1) and the others eager, and says whether the output still matches the eager
+# model's, within a tolerance. Three things are known without asking:
+#
+# - `agrees(0)` compiles nothing: it is the eager model itself, and it agrees;
+# - agreement breaks once and stays broken: the first prefix that contains the responsible layer disagrees,
+#   and so does every longer one;
+# - nothing says that `agrees(n)` is False: the whole model compiled may agree.
+#
+# Each call of `agrees` compiles and runs a model, which can take minutes on a real one: the calls are the
+# cost. Write `first_divergent(n, agrees)` that returns the layer (counted from 0) whose compiled version
+# breaks agreement: the `i` for which layers 0 to i - 1 compiled agree and layers 0 to i compiled do not. It
+# may call `agrees` at most `ceil(log2(n)) + 1` times, for any `n` of 1 or more and wherever that layer is;
+# the grader counts the calls. When the whole model compiled agrees, there is no such layer: raise
+# `ValueError` with a message that gives `n` and says where to look next. After the check, the notebook runs
+# your function on a model that Inductor compiles.
+
+# %%
+def first_divergent(n: int, agrees) -> int:
+    ### BEGIN SOLUTION
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled still agree with eager: no layer's compiled code breaks it; "
+                         f"look at what runs outside the layers, or at the tolerance of the comparison")
+    good, bad = 0, n        # agrees(good) holds (nothing compiled), agrees(bad) does not
+    while bad - good > 1:   # each run halves the prefixes still in doubt
+        mid = (good + bad) // 2
+        if agrees(mid):
+            good = mid
+        else:
+            bad = mid
+    return good             # layers 0 to good - 1 compiled agree; compiling layer `good` too breaks it
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check("08_debugging_lab", first_divergent)
+
+# %% [markdown]
+# Your function on a real divergence: 24 residual blocks, `h + GELU(Linear(h))`, in training mode as a
+# training step runs them; one of them also has a dropout. `agrees(k)` runs them with the first `k` blocks
+# compiled by Inductor and the rest eager, from the seed of the eager run, and compares the outputs within a
+# relative 1e-4. Each block is compiled once, when first called (blocks with the same code share a graph),
+# so a run here costs little; the count of runs is what a real search pays for. Not bitwise: Inductor writes
+# its own GELU, which rounds differently from eager's in the last bits (lesson 08's deep dive shows it), so
+# a bitwise test would blame block 0.
+
+# %%
+import time
+
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, dropout: float = 0.0):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
+
+    def forward(self, h):
+        return h + self.drop(F.gelu(self.linear(h)))
+
+
+torch.manual_seed(0)
+blocks = [Block(32, dropout=0.1 if i == 17 else 0.0) for i in range(24)]
+compiled = [torch.compile(block) for block in blocks]     # each compiles on its first call
+xb = torch.randn(64, 32)
+
+
+@torch.no_grad()
+def run(layers):
+    torch.manual_seed(1)                                  # the eager run's dropout draws, every time
+    h = xb
+    for layer in layers:
+        h = layer(h)
+    return h
+
+
+def off_by(k):
+    """How far the output with the first k blocks compiled is from eager's, relative to its largest value."""
+    out = run(compiled[:k] + blocks[k:])
+    return ((out - eager).abs().max() / eager.abs().max()).item()
+
+
+eager, asked = run(blocks), []
+
+
+def agrees(k):
+    asked.append(k)
+    return off_by(k) <= 1e-4
+
+
+start = time.perf_counter()
+layer = first_divergent(len(blocks), agrees)
+print(f"first_divergent: block {layer}, after {len(asked)} runs (k = {asked}), {time.perf_counter() - start:.1f} s "
+      f"with Inductor's compiles; a scan from block 0 would run {layer + 1} models")
+print(f"first {layer} blocks compiled: off by {off_by(layer):.1e}; first {layer + 1}: off by {off_by(layer + 1):.1e}")
+print(f"block {layer}: {blocks[layer]}")
+
+# %% [markdown]
+# The block it names is the one with the dropout. Inductor does not call eager's dropout: it makes the mask
+# in its own generated code, from a seed it draws from torch's generator, so the same seed gives the same
+# mask on every compiled run, but not eager's mask. Nothing is broken, yet compiled and eager training part
+# from the first step. `torch._inductor.config.fallback_random = True` makes compiled random ops call eager's
+# (slower: it is meant for debugging). The next cell compiles the blocks again with it and runs your search.
+
+# %%
+torch._dynamo.reset()                                     # forget the compiled graphs: compile again
+with torch._inductor.config.patch(fallback_random=True):
+    compiled, asked = [torch.compile(block) for block in blocks], []
+    try:
+        print(f"fallback_random=True: block {first_divergent(len(blocks), agrees)}")
+    except ValueError as error:
+        runs = f"{len(asked)} run{'s' if len(asked) != 1 else ''}"
+        print(f"fallback_random=True, {runs} (off by {off_by(len(blocks)):.1e}): ValueError: {error}")
+torch._dynamo.reset()

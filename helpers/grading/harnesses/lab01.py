@@ -2,6 +2,7 @@
 tensors and measure what a value cannot show, and what its notebook imports beside `check`."""
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Callable
@@ -223,3 +224,88 @@ def default_read_ahead(fn, n, workers, seed) -> str:
     if most > 2 * workers:
         return f"{most} items held at once for {workers} workers: more than 2 x workers in memory"
     return DEFAULT_READ_AHEAD_OK
+
+
+# --- Exercise 3: threads or processes, and how many, under the lab's cost model -------------------
+
+LOADER_KINDS = ("threads", "processes")
+LOADER_OK = "the fastest choice in the model, or within 2% of it, with no worker more than it needs"
+
+
+def loading_seconds(costs: dict, items: int, cores: int, kind: str, workers: int) -> float:
+    """Lab 01's cost model: the seconds to load `items` items with `workers` workers of `kind` on `cores` cores.
+    A worker runs whole items, one at a time, and at most `cores` run at once; with the GIL on, the pure-Python
+    parts of all items run one after another on threads; processes are started one after another
+    (start_s each) and the main process receives every result, one at a time (send_s each), while they
+    compute. Overlapping work takes as long as its longest part."""
+    computing = math.ceil(items / min(workers, cores)) * (costs["python_s"] + costs["torch_s"])
+    if kind == "threads":
+        return max(computing, items * costs["python_s"] if costs["gil_on"] else 0.0)
+    return workers * costs["start_s"] + max(computing, items * costs["send_s"])
+
+
+def _loader_choice_problem(choice) -> str | None:
+    if not (isinstance(choice, (tuple, list)) and len(choice) == 2):
+        return f"a {type(choice).__name__}, not a tuple (kind, workers)"
+    kind, workers = choice
+    if kind not in LOADER_KINDS:
+        return f"the kind {str(kind)[:40]!r} is neither 'threads' nor 'processes'"
+    if type(workers) is not int:
+        return f"workers is a {type(workers).__name__}, not a Python int"
+    if workers < 1:
+        return f"{workers} workers: at least 1"
+    return None
+
+
+def loader_verdict(fn, costs, items, cores) -> str:
+    """Whether the (kind, workers) fn chooses loads `items` items fastest in the cost model (within 2%), with
+    no choice of fewer workers as fast; if not, which way it is off and which cost it underweights, without
+    the choice."""
+    choice = fn(dict(costs), items, cores)
+    problem = _loader_choice_problem(choice)
+    if problem:
+        return problem
+    kind, workers = choice = tuple(choice)
+    choices = [(k, w) for k in LOADER_KINDS for w in range(1, cores + 1)] + [choice]   # none beyond the cores is faster
+    seconds = {c: loading_seconds(costs, items, cores, *c) for c in choices}
+    mine, fastest = seconds[choice], min(seconds.values())
+    ratio = f" (your choice's modelled time is {mine / fastest:.2f}x the fastest)"
+    if mine > 1.02 * fastest:
+        counts = [w for (k, w), t in seconds.items() if k == kind and t <= 1.02 * fastest]
+        if not counts and kind == "threads":
+            return ("threads, where processes are faster: with the GIL on, the pure-Python parts of all items run "
+                    "one after another, however many threads there are" + ratio)
+        if not counts:
+            if not costs["gil_on"]:
+                return ("processes, where threads are faster: with the GIL off, threads run the Python part in "
+                        "parallel too, and pay neither a start-up nor a transfer" + ratio)
+            without_start = mine - workers * costs["start_s"]
+            without_send = workers * costs["start_s"] + math.ceil(items / min(workers, cores)) * (
+                costs["python_s"] + costs["torch_s"])
+            if without_start <= 1.02 * fastest:
+                return ("processes, where threads are faster: each process's start-up, paid one after another "
+                        "before the first item, costs more than threads lose to the GIL" + ratio)
+            if without_send <= 1.02 * fastest:
+                return ("processes, where threads are faster: the main process receives every result, one at "
+                        "a time, and that costs more than threads lose to the GIL" + ratio)
+            return ("processes, where threads are faster: their start-ups and the results' transfer together "
+                    "cost more than threads lose to the GIL" + ratio)
+        if workers > cores:
+            return ("more workers than cores: at most `cores` items are computed at once, so the workers beyond "
+                    "add no computing, and each process among them still costs its start-up" + ratio)
+        if workers > min(counts):
+            return ("too many processes: the last ones' start-ups cost more than the computing they take "
+                    "over" + ratio)
+        return f"too few {kind}: more of them would share out the computing" + ratio
+    fewer = [c for c, t in seconds.items() if c[1] < workers and t <= mine * (1 + 1e-9)]
+    if fewer:
+        if workers > cores:
+            return ("more workers than cores, where fewer load as fast: at most `cores` items are computed at "
+                    "once, so the workers beyond add nothing but memory")
+        if workers > items:
+            return ("more workers than items, where fewer load as fast: a worker with no item to run adds "
+                    "nothing but memory")
+        return (f"{workers} {kind}, where fewer workers load as fast in the model: a worker that makes loading "
+                f"no faster only holds memory (count the items the busiest worker runs, and what the GIL "
+                f"serialises)")
+    return LOADER_OK

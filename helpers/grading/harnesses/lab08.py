@@ -102,3 +102,44 @@ def export_specialised_the_batch(fn, seed, example_batch) -> bool:
             return True
         raise
     return False
+
+
+class RunawaySearch(RuntimeError):
+    """Raised by the agrees of first_divergent's cases once it has been called far more often than a search
+    of the layers needs: a loop that does not end."""
+
+
+def _agrees_for(n: int, divergent: int | None, asked: list):
+    """agrees(k) for a model of n layers whose layer `divergent` (None: none) breaks agreement once compiled:
+    True while layers 0..k-1 compiled leave it out. Each call is appended to `asked`; k must be an int from
+    0 to n, as a slice of the layers would need."""
+    limit = 2 * n + 20
+
+    def agrees(k):
+        if isinstance(k, bool) or not hasattr(k, "__index__"):
+            raise TypeError(f"agrees({k!r}): k counts the layers compiled, an int from 0 to {n}")
+        k = k.__index__()
+        if not 0 <= k <= n:
+            raise IndexError(f"agrees({k}): k counts the layers compiled, from 0 to {n}")
+        asked.append(k)
+        if len(asked) > limit:
+            raise RunawaySearch(f"agrees was called {len(asked)} times for a model of {n} layers and the search "
+                                f"had not ended; the last calls asked k = {', '.join(map(str, asked[-6:]))}")
+        return divergent is None or k <= divergent
+    return agrees
+
+
+def found_layer(fn, n, divergent):
+    """What fn(n, agrees) returns for a model of n layers whose layer `divergent` breaks agreement."""
+    return fn(n, _agrees_for(n, divergent, []))
+
+
+def runs_of_agrees(fn, n, divergent, budget) -> str:
+    """How many times fn(n, agrees) called agrees, against `budget`: "at most {budget} runs", or the count
+    with the k it asked, in order."""
+    asked = []
+    fn(n, _agrees_for(n, divergent, asked))
+    if len(asked) <= budget:
+        return f"at most {budget} run{'' if budget == 1 else 's'}"
+    shown = ", ".join(map(str, asked[:12])) + (", ..." if len(asked) > 12 else "")
+    return f"{len(asked)} runs, asking agrees(k) for k = {shown}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.grading.harnesses.lab01 import DEFAULT_READ_AHEAD_OK
+from helpers.grading.harnesses.lab01 import DEFAULT_READ_AHEAD_OK, LOADER_OK
 from helpers.grading.specs.core import Case, Exercise, LabSpec
 
 
@@ -124,6 +124,72 @@ def _ordered_map_cases(gen):
     ]
 
 
+def _choose_loader(costs, items, cores):
+    """Lab 01's reference decision (exercise 3): the fastest (kind, workers) in the cost model, and of those
+    as fast, the one with the fewest workers."""
+    from helpers.grading.harnesses.lab01 import LOADER_KINDS, loading_seconds
+    choices = [(kind, workers) for workers in range(1, cores + 1) for kind in LOADER_KINDS]
+    return min(choices, key=lambda c: (loading_seconds(costs, items, cores, *c), c[1]))
+
+
+def _loader_cases(gen):
+    gil = ("with the GIL on, one thread at a time runs Python: the pure-Python parts of all items run one "
+           "after another, however many threads there are, while processes each run their own")
+    released = ("torch ops release the GIL, so threads overlap them, and threads pay no start-up and no "
+                "transfer: processes add both")
+    gil_off = ("with the GIL off (a free-threaded build), threads run the Python part in parallel too: read "
+               "costs['gil_on']")
+    start = ("each process costs start_s before loading begins, one process after another: with few items "
+             "the start-ups are not paid back")
+    send = ("the main process receives every result from the processes, one at a time, send_s each, however "
+            "many processes compute")
+    whole = ("a worker runs whole items, one at a time: a worker with no item adds nothing, and of the choices "
+             "that load as fast, the one with the fewest workers is wanted")
+    beyond = ("at most `cores` items are computed at once: a worker beyond the cores adds no computing, and a "
+              "process among them still costs its start-up")
+    mixed = ("weigh every term of the model: what the GIL serialises on threads, the processes' start-ups and "
+             "transfers, whole items on at most `cores` workers at once; the verdict says which way your "
+             "choice is off")
+
+    def costs(python_s, torch_s, send_s, start_s, gil_on=True):
+        return {"python_s": python_s, "torch_s": torch_s, "send_s": send_s, "start_s": start_s, "gil_on": gil_on}
+
+    def case(name, c, items, cores, hint, hidden=True):
+        return Case(name, (c, items, cores), call="loader_verdict", expected=LOADER_OK, expect_value=True,
+                    hidden=hidden, hint=hint)
+
+    cases = [
+        case("pure Python with the GIL on, 2000 items, 8 cores", costs(2e-3, 1e-4, 2e-4, 0.05), 2000, 8, gil,
+             hidden=False),
+        case("torch ops with the GIL on, 500 items, 4 cores", costs(5e-5, 2e-3, 5e-4, 0.05), 500, 4, released,
+             hidden=False),
+        case("pure Python with the GIL off (free-threaded), 1000 items, 8 cores",
+             costs(2e-3, 1e-4, 1e-4, 0.02, gil_on=False), 1000, 8, gil_off, hidden=False),
+        case("16 items, a slow process start (0.5 s)", costs(3e-3, 1e-3, 2e-4, 0.5), 16, 4, start, hidden=False),
+        case("large results, slow to send", costs(1e-3, 3e-3, 2.5e-3, 0.02), 400, 8, send, hidden=False),
+        case("3 items on 8 cores", costs(1e-4, 5e-3, 1e-3, 0.05), 3, 8, whole, hidden=False),
+        case("pure Python, cheap processes, 2 cores", costs(1e-3, 0.0, 1e-5, 0.01), 1000, 2, beyond, hidden=False),
+        case("one core", costs(2e-3, 1e-3, 1e-4, 0.01), 500, 1, whole),
+        case("processes pay back their start-up only up to a point", costs(1e-3, 0.0, 1e-5, 0.2), 2000, 32,
+             start),
+        case("the GIL off, 5 items on 8 cores", costs(2e-3, 1e-3, 1e-4, 0.02, gil_on=False), 5, 8, whole),
+        case("a forkserver start (1.5 s), 20000 items of pure Python", costs(1.5e-3, 2e-4, 1e-4, 1.5), 20000, 8,
+             gil),
+        case("as measured on a 2-core machine with fork", costs(1.6e-4, 2e-3, 1.1e-3, 0.065), 48, 2, released),
+        case("large results, the GIL off", costs(1e-3, 1e-3, 3e-3, 0.01, gil_on=False), 300, 16, gil_off),
+    ]
+    for i in range(4):
+        low = [float(torch.empty(()).uniform_(a, b, generator=gen)) for a, b in
+               ((-5, -2), (-5, -2), (-5.5, -2.5), (-2.5, 0.3))]
+        items = int(10 ** float(torch.empty(()).uniform_(0, 4.5, generator=gen)))
+        cores = 2 ** int(torch.randint(0, 7, (), generator=gen))
+        gil_on = bool(torch.randint(0, 2, (), generator=gen))
+        cases.append(case(f"other costs {i + 1} ({items} items, {cores} core{'s' if cores > 1 else ''}, GIL "
+                          f"{'on' if gil_on else 'off'})", costs(*(10 ** v for v in low), gil_on=gil_on), items,
+                          cores, mixed))
+    return cases
+
+
 SPEC = LabSpec("01_data_loading_lab", (
     Exercise("Exercise 1: augment", "augment", _augment_cases, augment),
     Exercise("Exercise 2: ordered_map", "ordered_map", _ordered_map_cases, _ordered_map,
@@ -131,4 +197,5 @@ SPEC = LabSpec("01_data_loading_lab", (
                         "helpers.data.nodes_loader"),
              refused="the helpers' loaders are lesson 01's answers to this question: start the threads yourself "
                      "and decide how far ahead of the consumer they may read"),
-))
+    Exercise("Exercise 3: choose_loader", "choose_loader", _loader_cases, _choose_loader),
+), allow_processes=True)    # the notebook measures and runs exercise 3's DataLoader worker processes

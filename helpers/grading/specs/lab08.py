@@ -183,6 +183,68 @@ def _export_cases(gen):
     ]
 
 
+def _first_divergent(n, agrees):
+    if agrees(n):
+        raise ValueError(f"all {n} layers compiled still agree: no layer breaks agreement")
+    good, bad = 0, n                 # agrees(0) holds: nothing compiled; agrees(n) does not
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if agrees(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def _budget(n):
+    return (n - 1).bit_length() + 1          # ceil(log2 n) + 1, exactly, for every n >= 1
+
+
+def _divergent_cases(gen):
+    layer = ("k counts the layers compiled (an int from 0 to n), and layers count from 0: when agrees(k) is the "
+             "first to disagree, the layer that broke it is the last of those k")
+    first = ("the first layer can be the one that breaks agreement: only agrees(0) (nothing compiled) is known "
+             "to agree, so no other prefix may be taken as agreeing without asking")
+    last = ("the last layer can be the one: when only the whole model compiled disagrees, layer n - 1 broke it, "
+            "so the range of suspects runs up to n - 1")
+    runs = ("each call of agrees compiles and runs a model, and the budget allows about one call per halving of "
+            "the layers still suspect: agreement breaks once and stays broken, so one answer clears a whole side "
+            "of the range, not one layer, and needs no second call beside it; a call whose answer the text gives "
+            "(agrees(0)) or an earlier call gave is a run spent for nothing")
+    none = ("when even the whole model compiled agrees (agrees(n) is True), no layer breaks agreement: there is "
+            "no index to return, raise ValueError; and agrees(n) is not known to be False until you ask")
+    ends = ("with one layer there is one suspect, layer 0, and one run settles it: the search must stop as soon as "
+            "a single layer is left, or a loop whose range no longer shrinks never ends")
+    big = int(torch.randint(40, 200, (), generator=gen))
+    where = int(torch.randint(0, big, (), generator=gen))
+    return [
+        Case("8 layers, layer 5 breaks agreement: the layer", (8, 5), call="found_layer", hint=layer),
+        Case("layer 0 breaks agreement", (8, 0), call="found_layer", hint=first),
+        Case("the last layer breaks agreement", (8, 7), call="found_layer", hint=last),
+        Case("16 layers, layer 9 breaks agreement: at most 5 runs of agrees", (16, 9, 5), call="runs_of_agrees",
+             expected="at most 5 runs", expect_value=True, hint=runs, central=True),
+        Case("the whole model agrees: ValueError that gives n", (12, None), call="found_layer", raises="ValueError",
+             match="12", hint=none),
+        Case("1 layer, which breaks agreement: the layer", (1, 0), call="found_layer", hint=ends),
+        Case("1 layer: at most 1 run", (1, 0, 1), call="runs_of_agrees", expected="at most 1 run", expect_value=True,
+             hint=runs),
+        Case("1 layer, which agrees: ValueError", (1, None), call="found_layer", raises="ValueError", hint=none),
+        Case("40 to 200 layers, any one breaks agreement: within ceil(log2 n) + 1 runs", (big, where, _budget(big)),
+             call="runs_of_agrees", expected=f"at most {_budget(big)} runs", expect_value=True, hidden=True,
+             hint=runs, central=True),
+        Case("40 to 200 layers, any one breaks agreement: the layer", (big, where), call="found_layer", hidden=True,
+             hint=layer),
+        Case("1000 layers, the last breaks agreement: at most 11 runs", (1000, 999, 11), call="runs_of_agrees",
+             expected="at most 11 runs", expect_value=True, hidden=True, hint=runs, central=True),
+        Case("3 layers, layer 1: the layer", (3, 1), call="found_layer", hidden=True, hint=layer),
+        Case("2 layers, layer 1: at most 2 runs", (2, 1, 2), call="runs_of_agrees", expected="at most 2 runs",
+             expect_value=True, hidden=True, hint=runs),
+        Case("2 layers, layer 0", (2, 0), call="found_layer", hidden=True, hint=first),
+        Case("the whole model of 33 layers agrees: ValueError that gives n", (33, None), call="found_layer",
+             raises="ValueError", match="33", hidden=True, hint=none),
+    ]
+
+
 SPEC = LabSpec("08_debugging_lab", (
     Exercise("Exercise 1: first_difference", "first_difference", _trace_cases, _first_difference,
              forbidden=("helpers.debugging.first_divergence", "helpers.debugging.op_differences"),
@@ -196,4 +258,5 @@ SPEC = LabSpec("08_debugging_lab", (
              forbidden=("torch.jit.trace", "torch.jit.script", "torch.jit.save", "torch.jit.load"),
              refused="TorchScript is what this exercise leaves: export the model with torch.export and load what"
                      " it saved"),
-))
+    Exercise("Exercise 5: first_divergent", "first_divergent", _divergent_cases, _first_divergent),
+), allow_processes=True)    # the notebook runs exercise 5's search on blocks Inductor compiles (C++ builds)
