@@ -2181,6 +2181,25 @@ def bucket_count_second_solution(lengths, call_cost, entry_cost, max_buckets):
     return min(range(1, max_buckets + 1), key=cost)
 
 
+def bucket_count_least_padding(lengths, call_cost, entry_cost, max_buckets):
+    # a right answer for a learner whose exercise 4 cuts the sorted lengths where the runs waste the least
+    # padding (exercise 4 accepts any consecutive runs): the count priced with that split
+    ordered = sorted(lengths)
+
+    @functools.lru_cache(maxsize=None)
+    def padded(start, runs):        # fewest scores for ordered[start:] in at most `runs` runs
+        if start == len(ordered):
+            return 0
+        if runs == 0:
+            return math.inf
+        return min((end - start) * ordered[end - 1] ** 2 + padded(end, runs - 1)
+                   for end in range(start + 1, len(ordered) + 1))
+
+    def cost(n):
+        return n * call_cost + entry_cost * padded(0, n)
+    return min(range(1, max_buckets + 1), key=cost)
+
+
 def test_lab_02_06_wrong_answers_fail_a_visible_case():
     """Issue 29: in labs 02 and 06 every wrong answer loses marks in the notebook's check too, not only in
     the grader: the case it is tested on is visible."""
@@ -2208,6 +2227,7 @@ SECOND_SOLUTIONS = [
     ("06_attention_lab", "bucketed_attention", bucketed_second_solution),
     ("06_attention_lab", "prefix_lm_mask_mod", prefix_lm_second_solution),
     ("06_attention_lab", "choose_bucket_count", bucket_count_second_solution),
+    ("06_attention_lab", "choose_bucket_count", bucket_count_least_padding),
 ]
 
 

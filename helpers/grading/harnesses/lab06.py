@@ -2,6 +2,7 @@
 tensors and measure what a value cannot show, and what its notebook imports beside `check`."""
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -75,11 +76,34 @@ BUCKET_COUNT_OK = "the cheapest count, or within 2% of it"
 
 def _runs(lengths, n_buckets, split: str) -> list[list[int]]:
     """The sorted lengths cut into n_buckets runs, as exercise 4 accepts them: by tensor_split (the longer
-    runs first), or at the boundaries b * len // n_buckets."""
+    runs first), at the boundaries b * len // n_buckets, or where they leave the fewest padded scores."""
     ordered = sorted(lengths)
+    if split == "least_padding":
+        return _least_padding_runs(ordered, n_buckets)
     if split == "tensor_split":
         return [r.tolist() for r in torch.tensor(ordered).tensor_split(n_buckets)]
     return [ordered[b * len(ordered) // n_buckets:(b + 1) * len(ordered) // n_buckets] for b in range(n_buckets)]
+
+
+def _least_padding_runs(ordered: list[int], n_buckets: int) -> list[list[int]]:
+    """Consecutive runs of the sorted lengths, at most n_buckets, with the fewest scores computed (each run
+    costs its size times its longest length squared): a split exercise 4 accepts as well."""
+    size = len(ordered)
+    best = [[math.inf] * (size + 1) for _ in range(n_buckets + 1)]
+    cut = [[0] * (size + 1) for _ in range(n_buckets + 1)]
+    best[0][0] = 0
+    for runs in range(1, n_buckets + 1):
+        for end in range(size + 1):
+            for start in range(end + 1):
+                cost = best[runs - 1][start] + ((end - start) * ordered[end - 1] ** 2 if end > start else 0)
+                if cost < best[runs][end]:
+                    best[runs][end], cut[runs][end] = cost, start
+    found, end = [], size
+    for runs in range(n_buckets, 0, -1):
+        start = cut[runs][end]
+        found.append(ordered[start:end])
+        end = start
+    return found[::-1]
 
 
 def _bucketing_cost(lengths, n_buckets, call_cost, entry_cost, split: str = "tensor_split") -> float:
@@ -89,15 +113,16 @@ def _bucketing_cost(lengths, n_buckets, call_cost, entry_cost, split: str = "ten
 
 
 def bucket_count_verdict(fn, lengths, call_cost, entry_cost, max_buckets) -> str:
-    """Whether the count fn chooses makes exercise 4's bucketing (either split it accepts) cheapest under the two
-    costs, and if not, which way it is off (without the count)."""
+    """Whether the count fn chooses makes exercise 4's bucketing (under one of the splits it accepts: equal runs
+    either way, or the least padding) cheapest under the two costs, and if not, which way it is off (without
+    the count)."""
     count = fn(list(lengths), call_cost, entry_cost, max_buckets)
     if type(count) is not int:
         return f"a {type(count).__name__}, not a Python int"
     if not 1 <= count <= max_buckets:
         return f"{count} is not a count from 1 to max_buckets ({max_buckets})"
     ratios = {}
-    for split in ("tensor_split", "boundaries"):
+    for split in ("tensor_split", "boundaries", "least_padding"):
         costs = {n: _bucketing_cost(lengths, n, call_cost, entry_cost, split) for n in range(1, max_buckets + 1)}
         ratios[split] = costs[count] / min(costs.values()), min(costs, key=costs.get)
     if min(ratio for ratio, _ in ratios.values()) <= 1.02:
