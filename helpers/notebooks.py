@@ -273,7 +273,7 @@ def gpu_verified(records: list[dict], notebook: str) -> str:
             day = time.strftime("%Y-%m-%d", time.gmtime(run["started"]))
             clauses.append(f", and as a script on {machine['torch_version']} on an {machine['device_name']} "
                            f"(gpu-check, {day})")
-    return "".join(clauses)
+    return "".join(dict.fromkeys(clauses))     # two checks of one torch, machine and day: said once
 
 
 def write_verified(path: Path, matrix: dict | None, date: str | None, gpu_records: list[dict] = ()) -> bool:

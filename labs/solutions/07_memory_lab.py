@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 07 |
 # | **Hardware** | any CPU |
 # | **Time** | 50 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
 #
 # Each exercise is followed by `check(...)`, which runs the grader's visible cases for that exercise:
 # `✅ ... passed`, or `❌` with a hint. `python -m helpers grade` adds hidden cases (other models, dtypes, sizes).

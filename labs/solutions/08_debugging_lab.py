@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 08 |
 # | **Hardware** | any CPU with a C++ compiler (exercise 5's run compiles with Inductor, whose CPU backend builds C++) |
 # | **Time** | 50 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); exercise 5, added later, checked in quick mode on 2.13.0+cpu and 2.10.0+cu128 (no GPU) (2026-12-04) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); exercise 5 came after that matrix run: its quick run passed on 2.13.0+cpu and 2.10.0+cu128 without a GPU, and on the H200 (2026-12-04) |
 #
 # Each exercise cell is followed by a check cell: `check(LAB, function)` runs the cases the grader's
 # visible checks run (`python -m helpers grade` adds hidden ones) and prints `✅ ... passed`, or stops with `❌` and a hint.
