@@ -18,6 +18,7 @@ torch.ops.load_library; a later call (in any process) loads the cached library w
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -86,6 +87,7 @@ def build_directory(name: str, cpp_source: str, sycl_source: str | None = None,
     return CACHE_DIR / f"{name}-{cache_key(cpp_source, sycl_source or '', *extra_cflags, runtime.name if runtime else '')}"
 
 
+@functools.cache      # torch, imported above, has loaded it for the life of the process
 def loaded_cxx_runtime() -> Path | None:
     """The C++ standard library this process has loaded (Linux; torch loads one), or None. Extensions are
     linked against this very file. Left to its defaults, g++ 13.3 on Ubuntu 24.04 with torch 2.11 built an

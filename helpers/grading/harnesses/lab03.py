@@ -74,9 +74,9 @@ def layout_starts(fn, expert_ids, num_experts, multiple) -> str:
 
 def layout_group_sizes(fn, expert_ids, num_experts, multiple) -> torch.Tensor:
     """The rows of each group, padding included (int64): the differences of the offsets."""
+    from helpers.moe import counts_from_offsets
     _, offs, _ = _layout(fn, expert_ids, num_experts, multiple)
-    starts, ends = _group_bounds(offs)
-    return ends - starts
+    return counts_from_offsets(offs)
 
 
 def layout_slots_outside(fn, expert_ids, num_experts, multiple) -> str:

@@ -128,9 +128,10 @@ def _expert_ffn_cases(gen):
 
 
 def _padded_layout(expert_ids, num_experts, multiple=16):
+    from helpers.moe import expert_counts
     flat = expert_ids.reshape(-1)
     slots = flat.numel()
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = expert_counts(flat, num_experts)
     sizes = (counts + multiple - 1) // multiple * multiple
     ends = sizes.cumsum(0)
     order = torch.argsort(flat, stable=True)
