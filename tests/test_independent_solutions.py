@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from test_lab_wrong_answers import run_cases
+from wrong_answers import run_cases
 
 HERE = Path(__file__).resolve().parent
 SOLUTIONS = HERE / "independent_solutions"
@@ -54,7 +54,7 @@ import importlib.util
 spec = importlib.util.spec_from_file_location("independent_lab02", {path!r})
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
-from test_lab_wrong_answers import run_cases
+from wrong_answers import run_cases
 results = {{f: run_cases("02_fusion_lab", getattr(mod, f), f) for f in {functions!r} if hasattr(mod, f)}}
 print("RESULTS" + json.dumps(results))
 """

@@ -1,0 +1,401 @@
+"""Lab 06 (attention): plausible wrong answers fail a case with the hint meant for them; the spec's
+reference, the solution notebook and a second solution pass every case (tests/wrong_answers.py)."""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from helpers import attention
+from wrong_answers import L06, Wrong, lab_tests
+
+
+def key_mask_true_on_padding(lengths, max_len):
+    # True marks padding: SDPA keeps the True keys
+    pad = torch.arange(max_len)[None, :] >= torch.tensor(lengths)[:, None]
+    return pad[:, None, None, :]
+
+
+def key_mask_2d(lengths, max_len):
+    # (batch, max_len): does not broadcast against (batch, heads, queries, keys)
+    return torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def key_mask_float(lengths, max_len):
+    # a float 0 / -inf mask: SDPA adds it, but it is not the boolean mask asked for
+    keep = torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
+    return torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))[:, None, None, :]
+
+
+def key_mask_off_by_one(lengths, max_len):
+    # position <= length: one padding key kept
+    keep = torch.arange(max_len)[None, :] <= torch.tensor(lengths)[:, None]
+    return keep[:, None, None, :]
+
+
+def key_mask_queries(lengths, max_len):
+    # masks the queries (rows), not the keys
+    keep = torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
+    return keep[:, None, :, None]
+
+
+def pack_int64(seqs):
+    # cumsum's int64 offsets: varlen_attn wants int32
+    lengths = torch.tensor([s.shape[0] for s in seqs])
+    return torch.cat(seqs), torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]), int(lengths.max())
+
+
+def pack_no_leading_zero(seqs):
+    # N offsets (the ends), without the leading 0
+    lengths = torch.tensor([s.shape[0] for s in seqs])
+    return torch.cat(seqs), lengths.cumsum(0).int(), int(lengths.max())
+
+
+def pack_tensor_max(seqs):
+    # the longest length as a 0-d tensor, not a Python int
+    lengths = torch.tensor([s.shape[0] for s in seqs])
+    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    return torch.cat(seqs), cu, lengths.max()
+
+
+def pack_total_as_max(seqs):
+    # the total number of tokens as max_len
+    lengths = torch.tensor([s.shape[0] for s in seqs])
+    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    return torch.cat(seqs), cu, int(lengths.sum())
+
+
+def pack_counts(seqs):
+    # the lengths themselves, not their running sum
+    lengths = torch.tensor([s.shape[0] for s in seqs], dtype=torch.int32)
+    return torch.cat(seqs), torch.cat([torch.zeros(1, dtype=torch.int32), lengths]), int(lengths.max())
+
+
+def pack_padded(seqs):
+    # pads to the longest and stacks: the padding rows become tokens
+    lengths = torch.tensor([s.shape[0] for s in seqs])
+    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    padded = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
+    return padded.flatten(0, 1), cu, int(lengths.max())
+
+
+def pack_second_solution(seqs):
+    # a right answer written differently: offsets from a Python running sum, max() over the shapes
+    ends, total = [0], 0
+    for s in seqs:
+        total += len(s)
+        ends.append(total)
+    return torch.cat(list(seqs), dim=0), torch.tensor(ends, dtype=torch.int32), max(len(s) for s in seqs)
+
+
+class _Record(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self, name):
+        super().__init__()
+        self.name, self.names = name, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(self.name(func))
+        return func(*args, **(kwargs or {}))
+
+
+def ops_drops_kwargs(q, k, v, **kwargs):
+    # records correctly but calls SDPA without the keyword arguments
+    with _Record(lambda f: f.name()) as rec:
+        F.scaled_dot_product_attention(q, k, v)
+    return rec.names
+
+
+def ops_str_names(q, k, v, **kwargs):
+    # str(func) ("aten.bmm.default") instead of func.name() ("aten::bmm")
+    with _Record(str) as rec:
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return rec.names
+
+
+def ops_torch_function_mode(q, k, v, **kwargs):
+    # a TorchFunctionMode: sees the Python call, not the aten ops under it
+    names = []
+
+    class Record(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+    with Record():
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return names
+
+
+def bucketed_unsorted(seqs, n_buckets):
+    # splits in the input order: buckets mix short and long sequences
+    outs = []
+    for bucket in torch.arange(len(seqs)).chunk(n_buckets):
+        outs += attention.padded_attention([seqs[i] for i in bucket.tolist()])
+    return outs
+
+
+def bucketed_sorted_order(seqs, n_buckets):
+    # returns the outputs in sorted order, not the input's
+    ordered = sorted(seqs, key=lambda s: s.shape[0])
+    outs = []
+    for bucket in torch.arange(len(ordered)).chunk(n_buckets):
+        outs += attention.padded_attention([ordered[i] for i in bucket.tolist()])
+    return outs
+
+
+def bucketed_floor_size(seqs, n_buckets):
+    # bucket size len // n_buckets: the remainder is dropped
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
+    size = max(1, len(seqs) // n_buckets)
+    outs = [None] * len(seqs)
+    for b in range(n_buckets):
+        idx = order[b * size:(b + 1) * size]
+        if idx:
+            for i, o in zip(idx, attention.padded_attention([seqs[i] for i in idx])):
+                outs[i] = o
+    return outs
+
+
+def bucketed_empty_buckets(seqs, n_buckets):
+    # even split points: with fewer sequences than buckets some buckets are empty, and still run
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
+    outs = [None] * len(seqs)
+    for b in range(n_buckets):
+        idx = order[b * len(seqs) // n_buckets:(b + 1) * len(seqs) // n_buckets]
+        for i, o in zip(idx, attention.padded_attention([seqs[i] for i in idx])):
+            outs[i] = o
+    return outs
+
+
+def bucketed_chunk(seqs, n_buckets):
+    # sorted, but split with torch.chunk: 6 sequences into 4 buckets give 3 chunks of 2
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
+    outs = [None] * len(seqs)
+    for bucket in torch.tensor(order).chunk(n_buckets):
+        idx = bucket.tolist()
+        for i, o in zip(idx, attention.padded_attention([seqs[i] for i in idx])):
+            outs[i] = o
+    return outs
+
+
+def bucketed_one_batch(seqs, n_buckets):
+    # do nothing clever: one padded batch, whatever n_buckets says
+    return attention.padded_attention(seqs)
+
+
+def bucketed_second_solution(seqs, n_buckets):
+    # a right answer written otherwise: bucket boundaries by integer arithmetic, outputs placed by a dict
+    ranked = sorted(enumerate(seqs), key=lambda item: item[1].shape[0])
+    n = len(ranked)
+    placed = {}
+    for b in range(n_buckets):
+        bucket = ranked[b * n // n_buckets:(b + 1) * n // n_buckets]
+        if bucket:
+            placed.update(zip([i for i, _ in bucket], attention.padded_attention([s for _, s in bucket])))
+    return [placed[i] for i in range(n)]
+
+
+def ops_guess_from_kwargs(q, k, v, **kwargs):
+    # review m13: names the backend from the arguments, without recording anything
+    F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return ["aten::bmm"] if kwargs.get("dropout_p") else ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+
+
+def ops_second_solution(q, k, v, **kwargs):
+    # a right answer written otherwise: the mode records into a list it is given, entered with enter/exit
+    names = []
+
+    class Names(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            names.append(func.name())
+            return out
+    mode = Names()
+    mode.__enter__()
+    try:
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    finally:
+        mode.__exit__(None, None, None)
+    return names
+
+
+def _documents(lengths):
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+
+
+def prefix_lm_doc_causal(lengths, prefix):
+    # the lesson's document mask made causal: the prefix is ignored
+    doc = _documents(lengths)
+    return lambda b, h, q, kv: (doc[q] == doc[kv]) & (kv <= q)
+
+
+def prefix_lm_global_prefix(lengths, prefix):
+    # the prefix counted from the start of the packed row: only the first document gets one
+    doc = _documents(lengths)
+    return lambda b, h, q, kv: (doc[q] == doc[kv]) & ((kv <= q) | (kv < prefix))
+
+
+def prefix_lm_prefix_across_documents(lengths, prefix):
+    # every token sees every document's prefix
+    doc = _documents(lengths)
+    start = torch.tensor([0] + list(lengths)).cumsum(0)[:-1]
+    position = torch.arange(sum(lengths)) - start[doc]
+    return lambda b, h, q, kv: ((doc[q] == doc[kv]) & (kv <= q)) | (position[kv] < prefix)
+
+
+def prefix_lm_python_and(lengths, prefix):
+    # Python `and` / `or` on tensors: data-dependent control flow under vmap
+    doc = _documents(lengths)
+    start = torch.tensor([0] + list(lengths)).cumsum(0)[:-1]
+    position = torch.arange(sum(lengths)) - start[doc]
+    return lambda b, h, q, kv: doc[q] == doc[kv] and (kv <= q or position[kv] < prefix)
+
+
+def prefix_lm_everything(lengths, prefix):
+    # do nothing clever: every key visible
+    return lambda b, h, q, kv: q >= 0
+
+
+def prefix_lm_off_by_one(lengths, prefix):
+    # position <= prefix: one token too many in each prompt
+    doc = _documents(lengths)
+    start = torch.tensor([0] + list(lengths)).cumsum(0)[:-1]
+    position = torch.arange(sum(lengths)) - start[doc]
+    return lambda b, h, q, kv: (doc[q] == doc[kv]) & ((kv <= q) | (position[kv] <= prefix))
+
+
+def prefix_lm_second_solution(lengths, prefix):
+    # a right answer written otherwise: searchsorted for the document, and_masks / or_masks to combine
+    from torch.nn.attention.flex_attention import and_masks, or_masks
+    ends = torch.tensor(lengths).cumsum(0)
+    doc = torch.searchsorted(ends, torch.arange(int(ends[-1])), right=True)
+    first = torch.cat([torch.zeros(1, dtype=ends.dtype), ends[:-1]])[doc]
+
+    def same_doc(b, h, q, kv):
+        return doc[q] == doc[kv]
+
+    def causal(b, h, q, kv):
+        return q >= kv
+
+    def in_prompt(b, h, q, kv):
+        return kv - first[kv] < prefix
+    return and_masks(same_doc, or_masks(causal, in_prompt))
+
+
+def _bucket_cost(lengths, n_buckets, call_cost, entry_cost, longest=lambda run: int(run.max()) ** 2):
+    runs = torch.tensor(sorted(lengths)).tensor_split(n_buckets)
+    return sum(call_cost + entry_cost * len(run) * longest(run) for run in runs if len(run))
+
+
+def bucket_count_most(lengths, call_cost, entry_cost, max_buckets):
+    # the more buckets, the less padding: always the most allowed
+    return max_buckets
+
+
+def bucket_count_one(lengths, call_cost, entry_cost, max_buckets):
+    # every call costs the same overhead: one call is cheapest
+    return 1
+
+
+def bucket_count_tokens(lengths, call_cost, entry_cost, max_buckets):
+    # a padded call priced by its padded tokens, not its (query, key) scores
+    return min(range(1, max_buckets + 1),
+               key=lambda n: _bucket_cost(lengths, n, call_cost, entry_cost, longest=lambda run: int(run.max())))
+
+
+def bucket_count_second_solution(lengths, call_cost, entry_cost, max_buckets):
+    # a right answer written otherwise: the runs cut at b * len // n, plain Python
+    ordered = sorted(lengths)
+
+    def cost(n):
+        runs = [ordered[b * len(ordered) // n:(b + 1) * len(ordered) // n] for b in range(n)]
+        return sum(call_cost + entry_cost * len(run) * run[-1] ** 2 for run in runs if run)
+    return min(range(1, max_buckets + 1), key=cost)
+
+
+def bucket_count_least_padding(lengths, call_cost, entry_cost, max_buckets):
+    # a right answer for a learner whose exercise 4 cuts the sorted lengths where the runs waste the least
+    # padding (exercise 4 accepts any consecutive runs): the count priced with that split
+    ordered = sorted(lengths)
+
+    @functools.lru_cache(maxsize=None)
+    def padded(start, runs):        # fewest scores for ordered[start:] in at most `runs` runs
+        if start == len(ordered):
+            return 0
+        if runs == 0:
+            return math.inf
+        return min((end - start) * ordered[end - 1] ** 2 + padded(end, runs - 1)
+                   for end in range(start + 1, len(ordered) + 1))
+
+    def cost(n):
+        return n * call_cost + entry_cost * padded(0, n)
+    return min(range(1, max_buckets + 1), key=cost)
+
+
+WRONG = [
+    Wrong(L06, "key_mask", "true-on-padding", key_mask_true_on_padding, "a boolean mask, True on real keys",
+          "True where the key is a real token"),
+    Wrong(L06, "key_mask", "2d-mask", key_mask_2d, "a boolean mask, True on real keys",
+          "shape (batch, 1, 1, max_len) broadcasts"),
+    Wrong(L06, "key_mask", "float-mask", key_mask_float, "a boolean mask, True on real keys", "True where the key"),
+    Wrong(L06, "key_mask", "off-by-one", key_mask_off_by_one, "a boolean mask, True on real keys",
+          "position < length"),
+    Wrong(L06, "key_mask", "masks-queries", key_mask_queries, "a boolean mask, True on real keys",
+          "shape (batch, 1, 1, max_len)"),
+    Wrong(L06, "pack", "int64-offsets", pack_int64, "three sequences: cu_seq's dtype", "cumsum of int64 lengths"),
+    Wrong(L06, "pack", "no-leading-zero", pack_no_leading_zero, "three sequences: cu_seq's values",
+          "one entry more than there are sequences"),
+    Wrong(L06, "pack", "counts-not-offsets", pack_counts, "three sequences: cu_seq's values",
+          "from cu_seq[i] to cu_seq[i + 1]"),
+    Wrong(L06, "pack", "tensor-max-len", pack_tensor_max, "three sequences: max_len", "a 0-d tensor is not an int"),
+    Wrong(L06, "pack", "total-as-max", pack_total_as_max, "three sequences: max_len", "(not the total)"),
+    Wrong(L06, "pack", "stacked-padded", pack_padded, "three sequences: the packed tokens",
+          "one after another, in the order given"),
+    Wrong(L06, "ops_dispatched", "drops-kwargs", ops_drops_kwargs, "dropout", "pass every keyword to SDPA"),
+    Wrong(L06, "ops_dispatched", "str-names", ops_str_names, "the default choice", "append func.name()"),
+    Wrong(L06, "ops_dispatched", "torch-function-mode", ops_torch_function_mode, "the default choice",
+          "in __torch_dispatch__"),
+    Wrong(L06, "ops_dispatched", "guess-from-kwargs", ops_guess_from_kwargs,
+          "v of another head dim: MATH without dropout", "never guessed from the arguments"),
+    Wrong(L06, "bucketed_attention", "unsorted", bucketed_unsorted, "each bucket holds consecutive lengths",
+          "sort the sequences by length"),
+    Wrong(L06, "bucketed_attention", "sorted-output", bucketed_sorted_order, "values, in the original order",
+          "put its output back there"),
+    Wrong(L06, "bucketed_attention", "floor-size", bucketed_floor_size, "4 buckets for 6 sequences: exactly 4 runs",
+          "one rounded down leaves sequences out"),
+    Wrong(L06, "bucketed_attention", "chunk", bucketed_chunk, "4 buckets for 6 sequences: exactly 4 runs",
+          "what torch.chunk does"),
+    Wrong(L06, "bucketed_attention", "empty-buckets", bucketed_empty_buckets, "more buckets than sequences",
+          "some buckets are empty: skip them"),
+    Wrong(L06, "bucketed_attention", "one-batch", bucketed_one_batch, "each bucket holds consecutive lengths",
+          "call attention.padded_attention once per bucket"),
+    Wrong(L06, "prefix_lm_mask_mod", "document-causal", prefix_lm_doc_causal, "a prefix of 2 in each document",
+          "the first `prefix` tokens of EACH document"),
+    Wrong(L06, "prefix_lm_mask_mod", "global-prefix", prefix_lm_global_prefix, "a prefix of 2 in each document",
+          "not in the packed row"),
+    Wrong(L06, "prefix_lm_mask_mod", "prefix-across-documents", prefix_lm_prefix_across_documents,
+          "a prefix of 2 in each document", "only tokens of the same document see it"),
+    Wrong(L06, "prefix_lm_mask_mod", "python-and", prefix_lm_python_and, "prefix 0: causal inside each document",
+          "no Python if, and, or"),
+    Wrong(L06, "prefix_lm_mask_mod", "everything", prefix_lm_everything, "prefix 0: causal inside each document",
+          "a token sees the keys of its own document"),
+    Wrong(L06, "prefix_lm_mask_mod", "off-by-one", prefix_lm_off_by_one, "a document shorter than the prefix",
+          "counted from that document's start"),
+    Wrong(L06, "choose_bucket_count", "most-buckets", bucket_count_most, "the same lengths, an expensive call",
+          "costs call_cost however few sequences it holds"),
+    Wrong(L06, "choose_bucket_count", "one-bucket", bucket_count_one, "skewed lengths, cheap calls",
+          "padding included"),
+    Wrong(L06, "choose_bucket_count", "padded-tokens", bucket_count_tokens, "skewed lengths, cheap calls",
+          "the square of its longest length"),
+]
+
+SECOND_SOLUTIONS = [("pack", pack_second_solution), ("ops_dispatched", ops_second_solution),
+                    ("bucketed_attention", bucketed_second_solution), ("prefix_lm_mask_mod", prefix_lm_second_solution),
+                    ("choose_bucket_count", bucket_count_second_solution),
+                    ("choose_bucket_count", bucket_count_least_padding)]
+
+globals().update(lab_tests(L06, WRONG, SECOND_SOLUTIONS, visible=True))
