@@ -2,14 +2,16 @@
 reference, the solution notebook and a second solution pass every case (tests/wrong_answers.py)."""
 from __future__ import annotations
 
+import ast
 import copy
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import quant
 from helpers.grading.specs import lab05 as spec05
-from wrong_answers import FORBIDDEN_HINT, L05, Wrong, lab_tests
+from wrong_answers import FORBIDDEN_HINT, L05, Wrong, _cells, lab_tests, run_cases
 
 
 def quantize_per_tensor(w, bits=8):
@@ -264,12 +266,207 @@ def quantize_model_second_solution(model):
     return model
 
 
+def _group(k, granularity="channel"):
+    """The int4 kernel's group sizes that divide k: the largest (a row's inputs in as few groups as allowed),
+    or the smallest for a plan that asks for groups."""
+    groups = [g for g in quant.INT4_GROUP_SIZES if k % g == 0]
+    return groups[0] if granularity == "group" else groups[-1]
+
+
+def _int4(linear, group=None, dtype=torch.bfloat16):
+    group = group or _group(linear.in_features)
+    return quant.Int4WeightOnlyLinear(*quant.quantize_int4_packed(linear.weight, group, dtype), group, linear.bias)
+
+
+def _shipped_with(model, plan, make):
+    """A copy of model with each layer of the plan replaced by make(linear, granularity, bits)."""
+    shipped = copy.deepcopy(model)
+    for name, (granularity, bits) in plan.items():
+        setattr(shipped, name, make(getattr(shipped, name), granularity, bits))
+    return shipped
+
+
+def ship_int4_head(model, plan):
+    # int4 wherever the plan says 4 bits, the 10-class head included: the kernel refuses out_features 10
+    return _shipped_with(model, plan, lambda lin, granularity, bits: _int4(lin) if bits == 4
+                         else quant.Int8WeightOnlyLinear.from_linear(lin))
+
+
+def ship_float_head_kept(model, plan):
+    # a layer the int4 kernel refuses is left as it was: a float nn.Linear
+    return _shipped_with(model, plan, lambda lin, granularity, bits: lin if bits == 4 and lin.out_features % 16
+                         else _int4(lin) if bits == 4 else quant.Int8WeightOnlyLinear.from_linear(lin))
+
+
+class _Bf16Linear(nn.Module):
+    """A float layer under another name: the weight kept in bf16, F.linear in the forward."""
+    def __init__(self, linear):
+        super().__init__()
+        self.register_buffer("weight", linear.weight.detach().bfloat16())
+        self.register_buffer("bias", linear.bias.detach().clone())
+
+    def forward(self, x):
+        return F.linear(x, self.weight.to(x.dtype), self.bias)
+
+
+def ship_float_head_module(model, plan):
+    # a layer the int4 kernel refuses kept in bf16 in a module of its own: not an nn.Linear, not a kernel either
+    return _shipped_with(model, plan, lambda lin, granularity, bits: _Bf16Linear(lin) if lin.out_features % 16
+                         else _int4(lin) if bits == 4 else quant.Int8WeightOnlyLinear.from_linear(lin))
+
+
+class _DequantizedInt4(nn.Module):
+    """Packed int4 weights, dequantized to fp32 at every call for an F.linear."""
+    def __init__(self, linear):
+        super().__init__()
+        self.inner = _int4(linear)
+
+    def forward(self, x):
+        return F.linear(x, quant.dequantize_int4_packed(self.inner.packed, self.inner.scale_and_zero), self.inner.bias)
+
+
+def ship_dequantized(model, plan):
+    # the weights stored packed, but each forward dequantizes them and multiplies in float
+    def make(lin):
+        q, scales = quant.quantize_per_channel(lin.weight.detach())
+        return quant.Int8WeightOnlyLinear(q, scales, lin.bias, path="dequant")
+    return _shipped_with(model, plan, lambda lin, granularity, bits: _DequantizedInt4(lin)
+                         if bits == 4 and lin.out_features % 16 == 0 else make(lin))
+
+
+def ship_group_32(model, plan):
+    # the lesson's group of 32 for every int4 layer, whatever the plan's granularity
+    return _shipped_with(model, plan, lambda lin, granularity, bits: _int4(lin, 32)
+                         if bits == 4 and lin.out_features % 16 == 0 else quant.Int8WeightOnlyLinear.from_linear(lin))
+
+
+def ship_int8_everywhere(model, plan):
+    # int8 per channel on every layer: always a kernel, whatever the plan
+    return _shipped_with(model, plan, lambda lin, granularity, bits: quant.Int8WeightOnlyLinear.from_linear(lin))
+
+
+def ship_int4_wherever_allowed(model, plan):
+    # the lesson's rule, int4 (group 32) wherever the kernel takes the shape, int8 elsewhere: the plan's bits ignored
+    return _shipped_with(model, plan, lambda lin, granularity, bits: _int4(lin, 32) if lin.out_features % 16 == 0
+                         else quant.Int8WeightOnlyLinear.from_linear(lin))
+
+
+def ship_fp32_scale_and_zero(model, plan):
+    # int4 with its scales and zeros in fp32 (the kernel then takes fp32 activations)
+    return _shipped_with(model, plan, lambda lin, granularity, bits: _int4(lin, dtype=torch.float32)
+                         if bits == 4 and lin.out_features % 16 == 0 else quant.Int8WeightOnlyLinear.from_linear(lin))
+
+
+class _PackedPerCall(nn.Module):
+    """int4 codes kept as int32 [N, K] and packed at every call."""
+    def __init__(self, linear):
+        super().__init__()
+        packed, self.group = _int4(linear), _group(linear.in_features)
+        self.register_buffer("codes", quant.int4_codes(packed.packed))
+        self.register_buffer("scale_and_zero", packed.scale_and_zero)
+        self.register_buffer("bias", linear.bias.detach().clone())
+
+    def forward(self, x):
+        packed = torch._convert_weight_to_int4pack_for_cpu(self.codes, 1)
+        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16).contiguous(), packed, self.group,
+                                              self.scale_and_zero)
+        return y.to(x.dtype) + self.bias
+
+
+def ship_unpacked_codes(model, plan):
+    # the int4 codes held one per int32 and packed in the forward: the plan counted half a byte per weight
+    return _shipped_with(model, plan, lambda lin, granularity, bits: _PackedPerCall(lin)
+                         if bits == 4 and lin.out_features % 16 == 0 else quant.Int8WeightOnlyLinear.from_linear(lin))
+
+
+class _PaddedInt4(nn.Module):
+    """int4 with out_features padded up to a multiple of 16 by zero rows; `cut`: drop the padding's outputs."""
+    def __init__(self, linear, group, cut=True):
+        super().__init__()
+        n, k = linear.weight.shape
+        rows = -(-n // 16) * 16
+        weight = torch.zeros(rows, k)
+        weight[:n] = linear.weight.detach()
+        packed, scale_and_zero = quant.quantize_int4_packed(weight, group)
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_and_zero", scale_and_zero)
+        self.register_buffer("bias", linear.bias.detach().clone() if cut else F.pad(linear.bias.detach(), (0, rows - n)))
+        self.group, self.n = group, (n if cut else rows)
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+        y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scale_and_zero)[:, :self.n]
+        return (y.to(x.dtype) + self.bias).reshape(*x.shape[:-1], self.n)
+
+
+def ship_padded_uncut(model, plan):
+    # the refused head padded to 16 rows for the int4 kernel, its 6 padding logits left in the output
+    return _shipped_with(model, plan, lambda lin, granularity, bits: quant.Int8WeightOnlyLinear.from_linear(lin)
+                         if bits == 8 else _int4(lin) if lin.out_features % 16 == 0
+                         else _PaddedInt4(lin, _group(lin.in_features), cut=False))
+
+
+def ship_in_place(model, plan):
+    # replaces the given model's layers: the fp32 reference is gone
+    for name, (granularity, bits) in plan.items():
+        lin = getattr(model, name)
+        setattr(model, name, _int4(lin) if bits == 4 and lin.out_features % 16 == 0
+                else quant.Int8WeightOnlyLinear.from_linear(lin))
+    return model
+
+
+class _Int8Bf16Out(nn.Module):
+    """int8 per channel on the kernel, its bf16 result returned as it comes."""
+    def __init__(self, linear):
+        super().__init__()
+        q, scales = quant.quantize_per_channel(linear.weight.detach())
+        self.register_buffer("q", q)
+        self.register_buffer("scales", scales.bfloat16())
+        self.register_buffer("bias", linear.bias.detach().bfloat16())
+
+    def forward(self, x):
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q, self.scales) + self.bias
+
+
+def ship_bf16_logits(model, plan):
+    # int8 layers that return the kernel's bf16: the logits come out in bf16
+    return _shipped_with(model, plan, lambda lin, granularity, bits: _int4(lin)
+                         if bits == 4 and lin.out_features % 16 == 0 else _Int8Bf16Out(lin))
+
+
+class _Int8(nn.Module):
+    def __init__(self, linear):
+        super().__init__()
+        q, scales = quant.quantize_per_channel(linear.weight.detach())
+        self.register_buffer("q", q)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", linear.bias.detach().clone())
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+        y = torch._weight_int8pack_mm(flat, self.q, self.scales.to(torch.bfloat16)).to(x.dtype) + self.bias
+        return y.reshape(*x.shape[:-1], self.q.shape[0])
+
+
+def ship_plan_second_solution(model, plan):
+    # a right answer written otherwise: a refused layer padded with zero rows up to the kernel's multiple of 16
+    # and its padding's outputs dropped, so the head keeps the plan's 4 bits; layers of its own
+    shipped = copy.deepcopy(model)
+    for name, (granularity, bits) in plan.items():
+        lin = shipped.get_submodule(name)
+        layer = _Int8(lin) if bits > 4 else _PaddedInt4(lin, _group(lin.in_features, granularity))
+        shipped.register_module(name, layer)
+    return shipped
+
+
 FP32_FAST_HERE = "on a CPU that vectorizes fp32 activations (aarch64) they are the fast path: nothing to catch"
 
 
 if torch.backends.cpu.get_cpu_capability().upper().startswith("AVX"):
     FP32_FAST_HERE = None
 
+
+HEAD = "the same plan with the head at 4 bits, on seed 0"
 
 WRONG = [
     Wrong(L05, "quantize_weight", "per-tensor", quantize_per_tensor, "one fp32 scale per row",
@@ -302,9 +499,9 @@ WRONG = [
           "cast back with .to(x.dtype)"),
     Wrong(L05, "int8_linear", "bias-required", int8_linear_bias_required, "no bias", "bias may be None"),
     Wrong(L05, "quantize_model", "no-recursion", quantize_model_top_level, "a nested model: the Linears one level down",
-          "walk named_children() recursively"),
+          "may hold Linears, at any depth"),
     Wrong(L05, "quantize_model", "in-place", quantize_model_in_place, "the fp32 model is left untouched",
-          "copy.deepcopy(model) first"),
+          "replace the layers of a copy"),
     Wrong(L05, "quantize_model", "per-tensor", quantize_model_per_tensor, "argmax agrees with fp32 on 97% of inputs",
           "one scale per output row"),
     Wrong(L05, "quantize_model", "float-weights", quantize_model_float_weights, "at least 3x smaller",
@@ -329,9 +526,48 @@ WRONG = [
           "each mapped to (granularity, bits)"),
     Wrong(L05, "choose_plan", "fc3-per-tensor", plan_fc3_per_tensor, "the same plan on the model trained with seed 4",
           "extra_wrong_alone measures each layer's choice"),
+    Wrong(L05, "ship_plan", "int4-head", ship_int4_head, f"{HEAD}: each layer runs a packed kernel",
+          "Where the int4 kernel refuses a layer's shape"),
+    Wrong(L05, "ship_plan", "float-head-kept", ship_float_head_kept, f"{HEAD}: no nn.Linear left",
+          "a layer the int4 kernel refuses is still a layer of the plan"),
+    Wrong(L05, "ship_plan", "float-head-module", ship_float_head_module, f"{HEAD}: each layer runs a packed kernel",
+          "nor is a float layer in another class"),
+    Wrong(L05, "ship_plan", "dequantized-forward", ship_dequantized, "each layer runs a packed kernel, no float matmul",
+          "dequantized to float for the matmul"),
+    Wrong(L05, "ship_plan", "group-32", ship_group_32, "within 24,064 bytes held", "cost more the smaller the group"),
+    Wrong(L05, "ship_plan", "int8-everywhere", ship_int8_everywhere, "within 24,064 bytes held",
+          "stored at 8, costs twice its codes"),
+    Wrong(L05, "ship_plan", "int4-wherever-allowed", ship_int4_wherever_allowed,
+          "at most 4 more test images wrong than fp32", "a layer the plan keeps at 8 bits needs them"),
+    Wrong(L05, "ship_plan", "fp32-scale-and-zero", ship_fp32_scale_and_zero, "within 24,064 bytes held",
+          "scales and zeros kept in fp32"),
+    Wrong(L05, "ship_plan", "unpacked-codes", ship_unpacked_codes, "within 24,064 bytes held", "codes kept unpacked"),
+    Wrong(L05, "ship_plan", "padded-head-uncut", ship_padded_uncut, f"{HEAD}: 10 float32 logits per test image",
+          "returns the padding's outputs too"),
+    Wrong(L05, "ship_plan", "in-place", ship_in_place, "the given model untouched", "ship a copy"),
+    Wrong(L05, "ship_plan", "bf16-logits", ship_bf16_logits, "10 float32 logits per test image",
+          "in the input's dtype"),
 ]
 
 SECOND_SOLUTIONS = [("quantize_weight", quantize_second_solution), ("int8_linear", int8_linear_second_solution),
-                    ("quantize_model", quantize_model_second_solution), ("choose_plan", choose_plan_second_solution)]
+                    ("quantize_model", quantize_model_second_solution), ("choose_plan", choose_plan_second_solution),
+                    ("ship_plan", ship_plan_second_solution)]
 
 globals().update(lab_tests(L05, WRONG, SECOND_SOLUTIONS, visible=True))
+
+
+def test_a_mistake_in_exercise_1_or_2_costs_marks_there_only():
+    """Exercises 3 and 5 run the notebook's MyInt8Linear, which calls the learner's quantize_weight and
+    int8_linear: they are graded with right ones in their place (Exercise.substitutes), so one scale per
+    tensor in exercise 1 and a dequantizing int8_linear in exercise 2 lose no marks there."""
+    from helpers.grading.checks import call_case
+    wanted = {"MyInt8Linear", "quantize_model", "ship_plan"}
+    body = [node for tree in _cells(L05) for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "name", None) in wanted]
+    namespace = {"quantize_weight": quantize_per_tensor, "int8_linear": int8_linear_dequantized}
+    exec(compile(ast.Module(body, type_ignores=[]), "<lab 05 solution>", "exec"), namespace)
+    for function in ("quantize_model", "ship_plan"):
+        assert run_cases(L05, namespace[function], function) == [], function
+    assert namespace["int8_linear"] is int8_linear_dequantized
+    unsubstituted = call_case(namespace["ship_plan"], (0, spec05._choose_plan()), {}, "ship_kernels")
+    assert unsubstituted["value"].startswith("fc2 runs no packed kernel but a float matmul"), unsubstituted

@@ -63,6 +63,16 @@ def quant_lab_model(width: int, seed: int = 0) -> nn.Module:
     return nn.Sequential(*blocks, head).eval()
 
 
+def int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Exercise 2's function, right: what the grader runs in its place while it grades exercises 3 and 5, whose
+    MyInt8Linear calls it (Exercise.substitutes), so a mistake in exercise 2 costs marks there only."""
+    x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+    y = torch._weight_int8pack_mm(x2, q, scales.to(torch.bfloat16)).to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], q.shape[0])
+
+
 def activation_dtype_of_int8_kernel(fn, *args) -> str:
     """The dtype of the activations fn hands to torch._weight_int8pack_mm ("not called" if it does not)."""
     seen: list[str] = []
@@ -134,24 +144,24 @@ PLAN_MAX_EXTRA_WRONG = 4        # more wrong test images than fp32, of digits' 4
 
 
 class DigitsMLP(nn.Module):
-    def __init__(self):
+    def __init__(self, width: int = 128):
         super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(64, 128), nn.Linear(128, 128), nn.Linear(128, 10)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(64, width), nn.Linear(width, width), nn.Linear(width, 10)
 
     def forward(self, x):
         return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
 
-_DIGITS_MODELS: dict[int, tuple] = {}
+_DIGITS_MODELS: dict[tuple[int, int], tuple] = {}
 
 
-def _digits_model(seed: int):
-    if seed not in _DIGITS_MODELS:
-        _DIGITS_MODELS[seed] = _train_digits_model(seed)
-    return _DIGITS_MODELS[seed]
+def _digits_model(seed: int, width: int = 128):
+    if (seed, width) not in _DIGITS_MODELS:
+        _DIGITS_MODELS[seed, width] = _train_digits_model(seed, width)
+    return _DIGITS_MODELS[seed, width]
 
 
-def _train_digits_model(seed: int):
+def _train_digits_model(seed: int, width: int = 128):
     from helpers.validation.upgrade import digits_split
     x_train, y_train, x_test, y_test = digits_split(seed=0)
     threads = torch.get_num_threads()
@@ -159,7 +169,7 @@ def _train_digits_model(seed: int):
     try:
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            model = DigitsMLP()
+            model = DigitsMLP(width)
         opt, gen = torch.optim.Adam(model.parameters(), lr=3e-3), torch.Generator().manual_seed(seed)
         for _ in range(300):
             idx = torch.randint(0, len(x_train), (128,), generator=gen)
@@ -170,17 +180,17 @@ def _train_digits_model(seed: int):
     finally:
         torch.set_num_threads(threads)
     with torch.no_grad():    # fc1's output channels times 0.1 to 10, fc2's inputs scaled back: the same function
-        r = torch.logspace(-1, 1, 128)[torch.randperm(128, generator=torch.Generator().manual_seed(1000 + seed))]
+        r = torch.logspace(-1, 1, width)[torch.randperm(width, generator=torch.Generator().manual_seed(1000 + seed))]
         model.fc1.weight.mul_(r[:, None])
         model.fc1.bias.mul_(r)
         model.fc2.weight.div_(r[None, :])
     return model.eval().requires_grad_(False), x_test, y_test
 
 
-def digits_model(seed: int = 0) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """Lab 05's trained digits classifier (a copy) with its test images and labels."""
+def digits_model(seed: int = 0, width: int = 128) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """Lab 05's trained digits classifier (a copy) with its test images and labels; `width`: its hidden size."""
     import copy
-    model, x_test, y_test = _digits_model(seed)
+    model, x_test, y_test = _digits_model(seed, width)
     return copy.deepcopy(model), x_test, y_test
 
 
@@ -258,3 +268,169 @@ def plan_accuracy(fn, seed) -> str:
     worst = max(report["extra_wrong_alone"], key=report["extra_wrong_alone"].get)
     return (f"{report['extra_wrong']} more test images wrong than fp32, over the budget; the costliest "
             f"choice is {worst}'s")
+
+
+# lab 05, exercise 5: the plan shipped on the CPU's packed weight kernels
+
+PACKED_KERNELS = ("_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm")
+FLOAT_MATMULS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "mv", "addmv", "dot", "vdot", "linear",
+                 "_addmm_activation", "convolution", "_convolution")
+PLAN_WEIGHTS = 64 * 128 + 128 * 128 + 128 * 10     # the 128-wide network's weights, which PLAN_MAX_BYTES prices
+
+
+def ship_budget(model: nn.Module) -> int:
+    """Exercise 5's budget for a digits network: exercise 4's PLAN_MAX_BYTES of weights (the same bytes per
+    weight for another width) plus the biases in fp32, counted from every tensor the shipped model holds."""
+    layers = [getattr(model, name) for name in PLAN_LAYERS]
+    weights = sum(layer.weight.numel() for layer in layers)
+    return PLAN_MAX_BYTES * weights // PLAN_WEIGHTS + 4 * sum(layer.bias.numel() for layer in layers)
+
+
+SHIP_MAX_BYTES = PLAN_MAX_BYTES + 4 * (128 + 128 + 10)     # ship_budget of the 128-wide network: 24,064
+
+
+def held_bytes(model: nn.Module) -> int:
+    """Bytes of every tensor a model holds, each storage once: its parameters and buffers, persistent or not,
+    and tensors kept as plain attributes of its modules (in lists, tuples and dicts too): quant.model_bytes
+    counts the state_dict, which leaves the last two out."""
+    from helpers.quant import tensor_bytes
+    seen, total = set(), 0
+
+    def visit(value):
+        nonlocal total
+        if isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+        elif isinstance(value, torch.Tensor):
+            try:
+                key = value.untyped_storage().data_ptr() if type(value) is torch.Tensor else id(value)
+            except (RuntimeError, NotImplementedError):
+                key = id(value)
+            if key not in seen:
+                seen.add(key)
+                total += tensor_bytes(value)
+    for module in model.modules():
+        visit(list(module._parameters.values()) + list(module._buffers.values()))
+        visit([v for k, v in vars(module).items() if k not in ("_parameters", "_buffers", "_modules")])
+    return total
+
+
+class _OneThread:
+    """torch on one thread while a check ships and runs a digits network (tensors of a few thousand elements:
+    threads only add their wake-ups, milliseconds an op on a busy machine), as the grader's sandbox runs."""
+
+    def __enter__(self):
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.threads)
+
+
+class _KernelCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """The packed kernels and float matmuls each of a model's layers runs, by the layer running them."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:     # as helpers.grading.checks._AtenNames: no Dynamo import per op
+        return False
+
+    def __init__(self):
+        super().__init__()
+        self.layer = None
+        self.calls: dict[str | None, list[str]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in PACKED_KERNELS or name in FLOAT_MATMULS:
+            self.calls.setdefault(self.layer, []).append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def layer_kernels(model: nn.Module, x: torch.Tensor, layers=PLAN_LAYERS) -> dict[str | None, list[str]]:
+    """The packed kernels and float matmuls a forward of `model` on `x` runs, by layer (None: outside them)."""
+    recorder = _KernelCalls()
+    hooks = []
+    for name in layers:
+        module = model.get_submodule(name)
+        hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: setattr(recorder, "layer", name)))
+        hooks.append(module.register_forward_hook(lambda m, a, out: setattr(recorder, "layer", None)))
+    try:
+        with torch.no_grad(), _OneThread(), recorder:
+            model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return recorder.calls
+
+
+def _shipped(fn, seed, plan, width):
+    model, x, y = digits_model(seed, width)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with _OneThread():
+        return model, state, x, y, fn(model, dict(plan))
+
+
+def ship_linears_left(fn, seed, plan, width=128) -> str:
+    shipped = _shipped(fn, seed, plan, width)[4]
+    left = [name or "the model itself" for name, m in shipped.named_modules() if isinstance(m, nn.Linear)]
+    return f"nn.Linear left: {', '.join(left)}" if left else "no nn.Linear left"
+
+
+def ship_untouched(fn, seed, plan, width=128) -> str:
+    model, state, *_ = _shipped(fn, seed, plan, width)
+    if not all(type(getattr(model, name)) is nn.Linear for name in PLAN_LAYERS):
+        return "the given model's layers were replaced"
+    changed = [k for k, v in model.state_dict().items() if k not in state or not torch.equal(v, state[k])]
+    return f"the given model's {', '.join(changed)} changed" if changed else "the given model untouched"
+
+
+def ship_kernels(fn, seed, plan, width=128) -> str:
+    """Whether each of the plan's layers runs a packed weight kernel in the shipped model's forward, and no
+    float matmul runs anywhere in it."""
+    _, _, x, _, shipped = _shipped(fn, seed, plan, width)
+    try:
+        calls = layer_kernels(shipped, x, tuple(plan))
+    except AttributeError:
+        return "the shipped model lost a layer's name: replace each layer where it sits (fc1, fc2, fc3)"
+    problems = []
+    for name in plan:
+        ops = calls.get(name, [])
+        packed = [op for op in ops if op in PACKED_KERNELS]
+        floats = sorted({op for op in ops if op in FLOAT_MATMULS})
+        if not packed:
+            problems.append(f"{name} runs no packed kernel" + (f" but a float matmul ({', '.join(floats)})" if floats else ""))
+        elif floats:
+            problems.append(f"{name} runs {packed[0]} and a float matmul ({', '.join(floats)})")
+    outside = sorted({op for op in calls.get(None, []) if op in FLOAT_MATMULS})
+    if outside:
+        problems.append(f"a float matmul outside the plan's layers ({', '.join(outside)})")
+    return "; ".join(problems) or "each layer runs a packed kernel, no float matmul"
+
+
+def ship_output(fn, seed, plan, width=128) -> str:
+    _, _, x, _, shipped = _shipped(fn, seed, plan, width)
+    with torch.no_grad(), _OneThread():
+        out = shipped(x)
+    return f"logits {list(out.shape)} {out.dtype}"
+
+
+def ship_bytes(fn, seed, plan, width=128) -> str:
+    model, _, _, _, shipped = _shipped(fn, seed, plan, width)
+    total, budget = held_bytes(shipped), ship_budget(model)
+    if total <= budget:
+        return "within the budget"
+    layers = ", ".join(f"{name} {held_bytes(shipped.get_submodule(name)):,}" for name in PLAN_LAYERS
+                       if isinstance(getattr(shipped, name, None), nn.Module))
+    return f"{total:,} bytes held, over the budget of {budget:,} ({layers})"
+
+
+def ship_accuracy(fn, seed, plan, width=128) -> str:
+    model, _, x, y, shipped = _shipped(fn, seed, plan, width)
+    with _OneThread():
+        extra = _wrong_images(shipped, x, y) - _wrong_images(model, x, y)
+    if extra <= PLAN_MAX_EXTRA_WRONG:
+        return "within the accuracy budget"
+    return f"{extra} more test images wrong than fp32, over the budget"

@@ -119,19 +119,22 @@ def _quantize_model_cases(gen):
              hint="a Linear inside a child module (a Sequential, a block) is a Linear too: the walk must reach "
                   "every level, and replace each one where its parent holds it"),
         Case("the fp32 model is left untouched", (64, seed), call="original_untouched", expected=True,
-             expect_value=True, hint="copy.deepcopy(model) first, then replace the copy's layers"),
+             expect_value=True, hint="the model you are given is the fp32 reference and must come back as it "
+                                     "went in: replace the layers of a copy, not the caller's"),
         Case("argmax agrees with fp32 on 97% of inputs", (64, seed, 500), call="agreement_with_fp32", expected=True,
              expect_value=True, hint="one scale per output row (per channel): this model's rows differ by 1000x"),
         Case("at least 3x smaller", (64, seed), call="at_least_3x_smaller", expected=True, expect_value=True,
              hint="store int8 codes and one scale per row, not a float copy of the weight"),
         Case("a nested model: the Linears one level down", (64, seed), {"nested": True}, call="linears_left",
              expected=0, expect_value=True,
-             hint="walk named_children() recursively: a child that is not an nn.Linear may hold Linears"),
+             hint="Linears left one level down: a child that is not an nn.Linear (a Sequential, a block) "
+                  "may hold Linears, at any depth"),
         Case("another model, 97% agreement", (32, seed + 1, 500), call="agreement_with_fp32", expected=True,
              expect_value=True, hidden=True, hint="one scale per output row"),
         Case("another nested model", (32, seed + 2), {"nested": True}, call="linears_left", expected=0,
              expect_value=True, hidden=True,
-             hint="walk named_children() recursively: a child that is not an nn.Linear may hold Linears"),
+             hint="Linears left one level down: a child that is not an nn.Linear (a Sequential, a block) "
+                  "may hold Linears, at any depth"),
     ]
 
 
@@ -162,6 +165,83 @@ def _plan_cases(gen):
          for seed in (4, 1, 2, 3)]   # on seeds 0-4 the reference and the second solution lose at most 2 images
 
 
+def _ship_plan(model, plan):
+    import copy
+
+    from helpers import quant
+    shipped = copy.deepcopy(model)
+    for name, (granularity, bits) in plan.items():
+        linear = shipped.get_submodule(name)
+        n, k = linear.weight.shape
+        groups = [g for g in quant.INT4_GROUP_SIZES if k % g == 0]
+        if bits <= 4 and n % 16 == 0 and groups:      # int4 where the kernel takes the shape
+            group = groups[0] if granularity == "group" else groups[-1]   # a row's inputs in as few groups as allowed
+            setattr(shipped, name, quant.Int4WeightOnlyLinear(*quant.quantize_int4_packed(linear.weight, group),
+                                                              group, linear.bias))
+        else:                                         # 8 bits, or a shape the int4 kernel refuses
+            setattr(shipped, name, quant.Int8WeightOnlyLinear.from_linear(linear))
+    return shipped
+
+
+HEAD_AT_4 = {"fc1": ("channel", 4), "fc2": ("channel", 8), "fc3": ("channel", 4)}   # exercise 4 accepts it
+OTHER_PLANS = ({"fc1": ("channel", 4), "fc2": ("tensor", 8), "fc3": ("group", 4)},
+               {"fc1": ("channel", 4), "fc2": ("channel", 8), "fc3": ("tensor", 8)},
+               {"fc1": ("channel", 4), "fc2": ("tensor", 8), "fc3": ("channel", 8)})
+
+
+def _ship_cases(gen):
+    kernels = ("each layer's forward runs one of the packed weight kernels on the weights as stored: a layer whose "
+               "weights are dequantized to float for the matmul is not served by a kernel, nor is a float layer in "
+               "another class. Where the int4 kernel refuses a layer's shape (out_features, or a group size it "
+               "does not take or that does not divide in_features), the layer still needs a kernel")
+    linears = ("a layer the int4 kernel refuses is still a layer of the plan: a float nn.Linear left in the model "
+               "holds 4 bytes a weight and runs no packed kernel")
+    untouched = "the model you are given stays the fp32 reference: ship a copy"
+    size = ("the budget counts every tensor the shipped model holds: codes, scales and zero points as stored, "
+            "biases. A layer the plan puts at 4 bits, stored at 8, costs twice its codes; a scale and zero per "
+            "group (4 bytes in bf16) cost more the smaller the group, and the plan's granularity says how many "
+            "a row needs; scales and zeros kept in fp32 cost twice the bf16 ones; codes kept unpacked, one to a "
+            "byte or more, cost what the packed layout saves")
+    accuracy = ("a layer the plan keeps at 8 bits needs them: at 4 bits its small weights round away, whatever "
+                "the group size")
+    output = ("the shipped model returns what the fp32 one does: 10 logits per image, in the input's dtype. A "
+              "layer computed on a padded shape returns the padding's outputs too")
+    expect = {"ship_linears_left": ("no nn.Linear left", linears),
+              "ship_untouched": ("the given model untouched", untouched),
+              "ship_kernels": ("each layer runs a packed kernel, no float matmul", kernels),
+              "ship_output": ("logits [450, 10] torch.float32", output),
+              "ship_bytes": ("within the budget", size),
+              "ship_accuracy": ("within the accuracy budget", accuracy)}
+
+    def case(name, args, call, **kwargs):
+        expected, hint = expect[call]
+        return Case(name, args, call=call, expected=expected, expect_value=True, hint=hint,
+                    central=call == "ship_kernels", **kwargs)
+
+    plan, head = _choose_plan(), "the same plan with the head at 4 bits, on seed 0"
+    cases = [case("no nn.Linear left", (0, plan), "ship_linears_left"),
+             case("the given model untouched", (0, plan), "ship_untouched"),
+             case("each layer runs a packed kernel, no float matmul", (0, plan), "ship_kernels"),
+             case("10 float32 logits per test image", (0, plan), "ship_output"),
+             case("within 24,064 bytes held", (0, plan), "ship_bytes"),
+             case("at most 4 more test images wrong than fp32", (0, plan), "ship_accuracy"),
+             case(f"{head}: each layer runs a packed kernel", (0, HEAD_AT_4), "ship_kernels"),
+             case(f"{head}: no nn.Linear left", (0, HEAD_AT_4), "ship_linears_left"),
+             case(f"{head}: 10 float32 logits per test image", (0, HEAD_AT_4), "ship_output"),
+             case(f"{head}: within 24,064 bytes held", (0, HEAD_AT_4), "ship_bytes"),
+             case("the head at 4 bits, on the model trained with seed 4: accuracy", (4, HEAD_AT_4), "ship_accuracy")]
+    named = {"ship_kernels": "each layer runs a packed kernel", "ship_linears_left": "no nn.Linear left",
+             "ship_output": "10 float32 logits per test image", "ship_bytes": "within its budget",
+             "ship_accuracy": "accuracy"}
+    other = OTHER_PLANS[int(torch.randint(0, len(OTHER_PLANS), (), generator=gen))]
+    cases += [case(f"another plan exercise 4 accepts, seed {seed}: {named[call]}", (seed, other), call, hidden=True)
+              for seed in (1, 2, 3) for call in ("ship_kernels", "ship_bytes", "ship_accuracy")]
+    # 96 wide: K = 96 takes the int4 kernel's groups of 32 only
+    cases += [case(f"a network 96 wide, the head at 4 bits: {named[call]}", (0, HEAD_AT_4), call, hidden=True,
+                   kwargs={"width": 96}) for call in named]
+    return cases
+
+
 SPEC = LabSpec("05_quantization_lab", (
     Exercise("Exercise 1: quantize_weight", "quantize_weight", _quantize_weight_cases, _quantize_weight,
              forbidden=("helpers.quant.quantize_per_channel", "helpers.quant.minmax_scale",
@@ -169,15 +249,22 @@ SPEC = LabSpec("05_quantization_lab", (
              refused="the quantizers of torch and helpers.quant compute the scales and codes for you: derive "
                      "each row's scale from its values and round to codes yourself"),
     Exercise("Exercise 2: int8_linear", "int8_linear", _int8_linear_cases, _int8_linear,
-             forbidden=("helpers.quant.Int8WeightOnlyLinear",),
-             refused="helpers.quant.Int8WeightOnlyLinear is the layer exercise 3 wraps around this function: "
-                     "call the int8 kernel yourself; which activations to hand it is this exercise's decision"),
+             forbidden=("helpers.quant.Int8WeightOnlyLinear", "helpers.grading.harnesses.lab05.int8_linear"),
+             refused="helpers.quant.Int8WeightOnlyLinear is the layer exercise 3 wraps around this function, and "
+                     "the grader's int8_linear is this exercise's answer: call the int8 kernel yourself; which "
+                     "activations to hand it is this exercise's decision"),
     Exercise("Exercise 3: quantize_model", "quantize_model", _quantize_model_cases, _quantize_model,
              forbidden=("helpers.quant.swap_linears", "helpers.quant.Int8WeightOnlyLinear",
                         "torch.ao.quantization.quantize_dynamic", "torch.ao.quantization.quantize_dynamic_jit",
                         "quantize_per_channel", "quantize_per_tensor",
                         "quantize_per_tensor_dynamic"),
              refused="the library quantizers find and swap the layers for you: find every nn.Linear, nested ones"
-                     " included, and replace it yourself"),
+                     " included, and replace it yourself",
+             substitutes=(("quantize_weight", "helpers.quant.quantize_per_channel"),
+                          ("int8_linear", "helpers.grading.harnesses.lab05.int8_linear"))),
     Exercise("Exercise 4: a plan under two budgets", "choose_plan", _plan_cases, _choose_plan, needs=("sklearn",)),
+    Exercise("Exercise 5: ship the plan on packed kernels", "ship_plan", _ship_cases, _ship_plan, needs=("sklearn",),
+             # MyInt8Linear, built on exercises 1 and 2, runs with right ones: a mistake there costs marks once
+             substitutes=(("quantize_weight", "helpers.quant.quantize_per_channel"),
+                          ("int8_linear", "helpers.grading.harnesses.lab05.int8_linear"))),
 ))
