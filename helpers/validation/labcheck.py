@@ -1,11 +1,13 @@
 """Lab 09's data and checks: the driver run it reads (this machine's or the recorded one), the changes it
-injects into run B for the learner to find (a numerics drift, a slowdown), and the properties of a
-workload the learner writes; every expected value comes from what was measured."""
+injects into run B for the learner to find (a numerics drift, a slowdown) or into a workload (a slowdown
+of a planned size), and the properties of a workload the learner writes; every expected value comes from
+what was measured."""
 from __future__ import annotations
 
 import contextlib
 import copy
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +91,48 @@ def inject_slowdown(path_a: str | Path, path_b: str | Path, out: str | Path, see
         fig["min"], fig["max"] = min(fig["samples"]), max(fig["samples"])
     c["label"] = "run C (B after a change you have to find)"
     return pipeline.save_run(c, out)       # the reference outputs are B's, read from B's file
+
+
+def slowed(fn, change: float):
+    """Workload fn made `change` slower (0.10: 10%): each call it times through workloads.sample_calls goes
+    on, inside the timed call and on the same thread, with a spin that uses `change` times the CPU time
+    the call used (so a busy machine delays the spin as it delays the call; where the thread clock is coarse,
+    `change` times the call's wall time). A workload that times its calls otherwise gets its timing
+    samples scaled by 1 + change instead, and says so in its notes ("slowed": "scaled")."""
+    from helpers.validation import workloads
+    clock = time.thread_time if time.get_clock_info("thread_time").resolution <= 1e-6 else time.perf_counter
+
+    def spun(call):
+        def slower():
+            start = clock()
+            out = call()
+            end = clock()
+            until = end + change * (end - start)
+            while clock() < until:
+                pass
+            return out
+        return slower
+
+    def slowed_workload(quick, device, compile=False, samples=None):
+        original, used = workloads.sample_calls, []
+
+        def sample_calls(candidates, *args, **kwargs):
+            used.append(True)
+            return original({name: spun(call) for name, call in candidates.items()}, *args, **kwargs)
+        workloads.sample_calls = sample_calls
+        try:
+            record = fn(quick, device, compile=compile, samples=samples)
+        finally:
+            workloads.sample_calls = original
+        if not used:
+            for fig in record["figures"].values():
+                if isinstance(fig, dict) and is_timing(fig):
+                    fig["samples"] = [v * (1 + change) if fig["better"] == "lower" else v / (1 + change)
+                                      for v in fig["samples"]]
+                    fig["value"] = stats.statistic(fig["samples"], fig.get("stat", "median"))
+            record.setdefault("notes", {})["slowed"] = "scaled"
+        return record
+    return slowed_workload
 
 
 # --- lab 09 exercise 5: a workload of the learner's own, checked the way the pipeline would use it ----

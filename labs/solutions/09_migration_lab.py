@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | how to validate a torch upgrade with numbers: the same pipeline under 2.9.1 and 2.10.0 in two environments, run in interleaved rounds; a paired interval for every timing and the smallest change it could have seen; reference outputs that catch numerics drift; how to decide "regression", "no change of that size" or "cannot tell", find an injected slowdown and drift, and add a workload of your own |
+# | **What you will learn** | how to validate a torch upgrade with numbers: the same pipeline under 2.9.1 and 2.10.0 in two environments, run in interleaved rounds; a paired interval for every timing and the smallest change it could have seen; reference outputs that catch numerics drift; how to decide "regression", "no change of that size" or "cannot tell", find an injected slowdown and drift, add a workload of your own, plan the rounds a change needs and test the plan at that size, and what a whole report allows you to claim |
 # | **Prerequisites** | lesson 00 (devices, timing), lesson 03 (`F.grouped_mm`), lesson 08 (reproducibility); basic `nn.Module` training; a logarithm and a standard deviation |
 # | **Hardware** | any CPU (the driver's quick mode takes a few minutes on 2 cores after the downloads); the driver runs on the CPU unless given `--device` |
-# | **Time** | 75 minutes |
+# | **Time** | 95 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); claims about 2.10 are checked against PyTorch's sources |
 #
 # The 2.10 article ends with a migration checklist: keep baselines for ResNet-50 training throughput,
@@ -25,8 +25,9 @@
 # was the private `torch._grouped_mm`); the report lists the paths that differ first.
 #
 # In this lab you read a real 2.9.1 → 2.10.0 report, write the statistic that separates a change from
-# noise and the decision it allows, find a slowdown and a numerics drift that the lab injects, and add
-# a workload of your own to the pipeline.
+# noise and the decision it allows, find a slowdown and a numerics drift that the lab injects, add a
+# workload of your own to the pipeline, plan how many rounds a change needs and see whether the plan
+# holds, and decide what the whole report allows you to say.
 #
 # Each exercise cell is followed by a check cell: `check(LAB, function)` runs the grader's visible
 # cases and prints `✅ ... passed`, or stops with `❌` and a hint.
@@ -52,11 +53,11 @@ if "google.colab" in sys.modules:
     os.chdir(os.path.join(clone, "labs"))
 
 # %% tags=["parameters"]
-QUICK = False        # quick mode: exercise 5's A/A run takes fewer samples (papermill: -p QUICK True)
+QUICK = False        # quick mode: fewer samples and pairs for the A/A and injected runs (papermill: -p QUICK True)
 RUN_DRIVER = False   # True: run the driver from here (two venvs: minutes, and GBs of downloads the first time)
 TORCH_A, TORCH_B = "2.9.1", "2.10.0"
-SEED = 0             # which workload and which outputs the injected changes touch (exercises 3 and 4)
-WANTED = 0.10        # the smallest change worth acting on, as a fraction (exercise 2)
+SEED = 0             # which workload and outputs the injected changes touch (exercises 3 and 4), the draws after 6
+WANTED = 0.10        # the smallest change worth acting on, as a fraction (exercise 2), and the one injected after 6
 
 # %%
 import json
@@ -169,23 +170,25 @@ for i, (ra, rb) in enumerate(zip(rounds_a, rounds_b), 1):
 # %% [markdown]
 # ## Exercise 1: the paired interval
 #
-# Write `paired_interval(rounds_a, rounds_b, better)` returning `(gain, low, high)`. `rounds_a` is a
-# list of rounds, each a list of per-call samples (as above); `rounds_b` has B's rounds in the same
-# order. Then:
+# Write `paired_interval(rounds_a, rounds_b, better)` returning `(gain, low, high)` for one figure.
+# `rounds_a` is a list of rounds, each a list of per-call samples (as above); `rounds_b` has B's rounds in
+# the same order, B's round *i* made next to A's round *i*. `better` is `"lower"` for a time and
+# `"higher"` for a throughput. What the three numbers must be:
 #
-# 1. each round is summarised by its **median**; round *i* of A and round *i* of B are a pair;
-# 2. each pair's gain is A / B for a time (`better == "lower"`) and B / A for a throughput
-#    (`"higher"`), so above 1 always means B is better;
-# 3. on the log scale, the pairs' log-gains have mean *m* and sample standard deviation *s* (divide by
-#    *k* − 1); with *k* pairs the gain is exp(*m*) and the 95% interval is
-#    exp(*m* ± *t* · *s* / √*k*), where *t* is the 97.5% quantile of Student's t with *k* − 1 degrees
-#    of freedom (`stats.t_quantile(0.975, k - 1)`, or `scipy.stats.t.ppf`);
-# 4. a different number of rounds on the two sides, or fewer than two pairs, raises a `ValueError`
-#    saying so (one pair says nothing about the noise between runs).
+# - `gain` is the one the report prints: the geometric mean of the pairs' gains, a pair's gain comparing
+#   the two rounds' median calls, above 1 when B is the better one (for a time as for a throughput);
+# - `low` and `high` bound a 95% interval for it that holds with as few as two pairs: when the pairs'
+#   log-gains are normally distributed, 95% of such intervals contain the true gain, missing it as often
+#   above as below, with the noise between runs known only from these pairs;
+# - a slow stretch of the machine that hits both runs of a pair must not widen it, and the calls within
+#   a round, which share that round's stretch, are not separate evidence;
+# - a different number of rounds on the two sides, or fewer than two pairs, raises a `ValueError`
+#   saying why (one pair says nothing about the noise between runs).
 #
-# Why a t interval on pairs: the pairing cancels a slow stretch that hit both runs of a pair, and with
-# four to eight pairs a resampling of the pairs has too few distinct draws to trust its tails. The
-# pipeline's own `stats.paired_interval` and `stats.compare_figure` are off limits here.
+# How to get there is yours to decide. With four to eight pairs, a resampling of the pairs has too few
+# distinct draws to trust its tails. `stats.t_quantile(p, df)` gives Student's t quantiles (so does
+# `scipy.stats.t.ppf`); the pipeline's own `stats.paired_interval` and `stats.compare_figure` are off
+# limits.
 
 # %%
 def paired_interval(rounds_a, rounds_b, better):
@@ -262,19 +265,17 @@ print({d: list(decisions.values()).count(d) for d in dict.fromkeys(decisions.val
 # %% [markdown]
 # ## Exercise 3: find the injected slowdown
 #
-# `labcheck.inject_slowdown` makes run C: run B with every timing sample of **one** workload (chosen by
-# `SEED`) slowed by the same factor in every round, a factor beyond what A against B could detect for
-# that workload. Everything else is B's. Compare A with C beside A with B, and write
-# `find_slowdown(report_ab, report_ac)` returning
+# `labcheck.inject_slowdown` makes run C: run B with **one** workload (chosen by `SEED`) slowed in every
+# round, by more than A against B could detect for it; everything else is B's. You are the reviewer who
+# gets A against B and A against C. Write `find_slowdown(report_ab, report_ac)` returning
 # `{"workload": ..., "slowdowns": {figure: (slowdown, low, high), ...}}`:
 #
-# - the workload is the one whose figures **became** regressions: regressions in A against C that A
-#   against B does not have (a real regression of torch's shows in both reports);
-# - for each of its figures that is a regression in A against C: how many times slower C is than A,
-#   with its 95% interval (from that row's gain and interval).
+# - the workload that was slowed between B and C;
+# - for each of its figures that A against C calls a regression: how many times slower C is than A
+#   (1.5: C takes 1.5 times as long, or gets through 1 / 1.5 as much per second), with its 95% interval.
 #
-# A low gain alone is not a finding: a noisy row can have a lower gain than the injected one and still
-# an interval that contains 1.
+# What can mislead you: B may have regressions of its own (torch's), and a noisy figure can have a lower
+# gain than the injected ones without being a finding.
 
 # %%
 PATH_C = labcheck.inject_slowdown(PATH_A, PATH_B, OUT_DIR / "run_c.json", seed=SEED)
@@ -315,11 +316,12 @@ print(f"the injected factor (B against C): {factor:.2f}; inside every interval a
 # ## Exercise 4: find the drift
 #
 # `labcheck.inject_drift` makes another run: run B with two of its reference outputs changed the way a
-# new kernel might change them (a different accumulation order, a lower-precision path). The timings
-# are B's. Compare B with it and write `find_drift(report)` returning
-# `{"workload": ..., "output": ..., "max_rel_diff": ...}` for the output that drifted **beyond its
-# tolerance**. A changed hash alone is not the answer: look at each numerics row's `status`
-# (`"identical"`, `"within tolerance"` or `"drift"`) and `max_rel_diff` (max |D − B| / max |B|).
+# new kernel might change them, one by a different accumulation order, one beyond what its dtype allows.
+# The timings are B's. Compare B with it and write `find_drift(report)` returning
+# `{"workload": ..., "output": ..., "max_rel_diff": ...}` for the output that drifted beyond its
+# tolerance (`max_rel_diff`: the report's max |D − B| / max |B| of that output). The numerics rows of
+# the report are in `report["numerics"]`; which of their fields answer the question is yours to find
+# (print one).
 
 # %%
 PATH_D = labcheck.inject_drift(PATH_B, OUT_DIR / "run_d.json", seed=SEED)
@@ -407,7 +409,7 @@ check(LAB, checkpoint_workload)
 # %%
 n = 5 if QUICK else 30
 rounds = {"A": [], "B": []}
-for side in ("A", "B", "B", "A", "A", "B"):          # interleaved, as the driver runs them
+for side in ("A", "B", "B", "A") * 2:                # interleaved, as the driver runs them
     rounds[side].append(run_pipeline(quick=True, device="cpu", workloads=[], checks=[], samples=n, progress=False,
                                      extra_workloads={"checkpoint": checkpoint_workload}))
 aa = compare_runs(merge_runs(rounds["A"]), merge_runs(rounds["B"]))
@@ -453,39 +455,154 @@ def pairs_needed(gains, change):
 check(LAB, pairs_needed)
 
 # %% [markdown]
-# Did the plan hold? The next cell draws 2,000 comparisons of the planned number of pairs, each pair's
-# log-gain the true change plus noise at the A/A spread, and decides each with your exercise 1 and 2
-# functions: about 80% should come out a regression if the plan is right.
-
-# %% tags=["predict"]
-aa_gains = next(r["round_gains"] for r in aa["rows"] if r.get("round_gains"))
-planned = pairs_needed(aa_gains, WANTED)
-if planned is None or planned > 100:     # a busy machine's A/A run: too many pairs to simulate here
-    print(f"this machine's A/A spread asks for {planned or 'more than 1000'} pairs; the plan below uses the recorded "
-          "run's per-pair gains of its first timing row instead")
-    aa_gains = next(r["round_gains"] for r in report["rows"] if r.get("round_gains"))
-    planned = pairs_needed(aa_gains, WANTED)
-plan_guess = predict(f"With the {planned} pairs planned for a {WANTED:.0%} slowdown, in what share of 2,000 simulated "
-                     "comparisons will decide() say regression?", unit="%", example=95.0)
+# ## Did the plan hold? A slowdown of the planned size
+#
+# A plan is a promise about a run not made yet: with the pairs it asks for, a true change of `WANTED` is
+# found at least 80% of the time, if the noise is what the A/A run measured. Put it to the test at the
+# size it was made for (a 2x slowdown would prove nothing: any plan finds that). The next cells plan from
+# the A/A run above, make B `WANTED` slower (each timed round trip of your workload is followed, inside
+# its timed call, by a spin that uses `WANTED` times the CPU time the round trip used), run the planned
+# pairs interleaved, and decide with your exercise 1 and 2 functions.
 
 # %%
-rng = np.random.default_rng(SEED)
-spread = float(np.std(np.log(aa_gains), ddof=1))
-found = 0
-for _ in range(2000):
-    log_gains = -np.log1p(WANTED) + spread * rng.standard_normal(planned)     # B slower by WANTED, plus noise
-    gain, low, high = paired_interval([[1.0]] * planned, [[float(np.exp(-g))] for g in log_gains], "lower")
-    found += decide({"gain": gain, "low": low, "high": high, "pairs": planned, "detectable": 0.0}, WANTED) == "regression"
-print(f"A/A spread {spread:.3f} (log scale) over {len(aa_gains)} pairs -> {planned} pairs planned for {WANTED:.0%}: "
-      f"found in {found / 20:.1f}% of 2,000 simulated comparisons")
+aa_gains = next(r["round_gains"] for r in aa["rows"] if r.get("round_gains"))
+planned = pairs_needed(aa_gains, WANTED)
+AFFORD = 30 if QUICK else 150            # the most pairs this notebook runs (each pair: two runs of the workload)
+pairs = min(planned or AFFORD, AFFORD)
+plan_spread = float(np.std(np.log(aa_gains), ddof=1))
+print(f"A/A: {len(aa_gains)} pairs, spread {plan_spread:.3f} (log scale) -> {planned or 'more than 1000'} pairs "
+      f"planned for a {WANTED:.0%} change; this run: {pairs} pairs")
+if pairs != planned:
+    print("this machine's A/A noise asks for more pairs than this notebook runs: the run below is smaller than "
+          "the plan, so expect it to find the change less often than 80% of the time")
+
+# %% tags=["predict"]
+plan_guess = predict(f"B is now {WANTED:.0%} slower. With {pairs} pairs of rounds, what will your decide() say "
+                     f"at a wanted change of {WANTED:.0%}?",
+                     options=["regression", "cannot tell", "no change of that size", "improvement"],
+                     example="regression")
+
+# %%
+slower = labcheck.slowed(checkpoint_workload, WANTED)
+rounds = {"A": [], "B": []}
+for i in range(pairs):
+    for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
+        workload = slower if side == "B" else checkpoint_workload
+        rounds[side].append(run_pipeline(quick=True, device="cpu", workloads=[], checks=[], samples=n, progress=False,
+                                         extra_workloads={"checkpoint": workload}))
+injected = next(r for r in compare_runs(merge_runs(rounds["A"]), merge_runs(rounds["B"]))["rows"]
+                if r.get("round_gains"))
+outcome = decide(injected, WANTED)
+
+
+def share_found(spread, k, draws=2000):
+    """The share of simulated runs of k pairs, each pair's log-gain a true WANTED slowdown plus noise at
+    `spread`, that the report's rule calls a regression."""
+    d = -np.log1p(WANTED) + spread * np.random.default_rng(SEED).standard_normal((draws, k))
+    half = stats.t_quantile(0.975, k - 1) * d.std(axis=1, ddof=1) / np.sqrt(k)
+    return float(np.mean((d.mean(axis=1) + half < 0) & (d.mean(axis=1) < -np.log1p(stats.MIN_CHANGE))))
+
+
+at_plan, at_run = share_found(plan_spread, pairs), share_found(injected["sd_log"], pairs)
+truth = 1 / (1 + WANTED)                  # B over A for a time B takes 1 + WANTED times as long
+covered = injected["low"] <= truth <= injected["high"]
+# how far the injected change lies from the measured gain, in half-widths of the interval (beyond 1: outside)
+off = abs(np.log(injected["gain"] / truth)) / np.log(injected["high"] / injected["gain"])
+print(f"B over A: {injected['gain']:.3f}x [{injected['low']:.3f}, {injected['high']:.3f}] from {pairs} pairs "
+      f"(injected: {truth:.3f}x), detectable {injected['detectable']:.0%} -> your decide(): {outcome}")
+print(f"spread of this run's pairs {injected['sd_log']:.3f}, the plan's {plan_spread:.3f}; found in {at_plan:.0%} of "
+      f"2,000 simulated runs at the plan's spread, {at_run:.0%} at this run's")
 
 # %% tags=["reveal"]
-reveal(plan_guess, found / 20, tolerance=1.15,
-       why=f"the plan is the fewest pairs with at least 80% power, so at least about 80% of comparisons find a true "
-           f"{WANTED:.0%} change (2,000 draws put about 2 points of noise on that share). A whole number of pairs "
-           "overshoots, and with few pairs the sum of t quantiles is cautious, so the share can land well above 80%. "
-           "The spread was measured from only a few A/A pairs: a real run's own spread can differ, so measure it again "
-           "once you have more pairs, and plan with the larger one.");
+reveal(plan_guess, outcome,
+       why=f"{'the slowdown was found' if outcome == 'regression' else 'the slowdown was missed'} in this one run, "
+           f"and its interval {'contains' if covered else 'misses'} the injected {truth:.3f}x"
+           + ("" if covered else
+              f" by {off:.1f} half-widths, which a 95% interval does in one run in twenty when its assumptions hold. "
+              "Where other work keeps the cores busy they need not: the two runs of a pair no longer share one "
+              "stretch of the machine, and no plan holds there (measure where nothing else runs)")
+           + f". A plan at 80% power misses a true {WANTED:.0%} change in up to one run in five, so one run neither "
+           f"proves nor breaks it; the simulation says how often: {pairs} pairs find it in {at_plan:.0%} of runs at "
+           f"the spread the plan assumed and in {at_run:.0%} at the spread this run had (2,000 draws put about 1 "
+           f"point of noise on each share). The plan's spread came from {len(aa_gains)} A/A pairs; "
+           + ("this run had fewer pairs than the plan asked for, so 80% was never promised here."
+              if pairs != planned else
+              "this run was noisier than that, so the plan promised more than it could keep; plan from more A/A "
+              "pairs, or with the larger spread." if at_run < 0.8 and injected["sd_log"] > plan_spread else
+              "at this run's noise the plan's promise held; a few A/A pairs can misjudge the noise either way, so "
+              "measure it again once you have more pairs."));
+
+
+# %% [markdown]
+# ## Exercise 7: faster across the board?
+#
+# Release notes and upgrade tickets ask one question of a whole report: is B faster across the board?
+# Write `across_the_board(report)` returning `{"claim": ..., "gain": ..., "low": ..., "high": ...}`, where
+# `report` is a report as `compare_runs` makes it:
+#
+# - `gain`: B's typical gain over the report's distinct timed figures, the geometric mean of their gains,
+#   each figure weighing the same. Only the figures with an interval enter (a count of bytes, a p99 not
+#   reported or a figure whose rounds could not be paired says nothing here), and a time and its rate are
+#   the same calls, counted once (the report marks the rate's row with `same_as`);
+# - `low`, `high`: a 95% interval for that gain. A row's `round_gains` are its per-pair gains in round
+#   order, and every figure has the same pairs: round *i* of every figure comes from the same two runs,
+#   so a stretch that slowed B's run of a pair could slow all its figures. The interval must hold with
+#   that: 95% of such intervals contain the true typical gain, however much of their noise the figures
+#   of a round share;
+# - `claim`: `"faster"` or `"slower"` when the run shows, at that 95%, on which side of 1 B's typical gain
+#   lies; `"cannot tell"` when it does not;
+# - a report with no figure that has an interval raises a `ValueError` saying so.
+#
+# Your `paired_interval` of exercise 1 may help; while it grades this exercise, the grader runs a right one
+# in its place, so a mistake there costs marks in exercise 1 only.
+
+# %%
+def across_the_board(report):
+    ### BEGIN SOLUTION
+    told = [r for r in report["rows"] if r.get("low") is not None and not r.get("same_as")]
+    if not told:
+        raise ValueError("no figure of this report has an interval (two or more pairs of rounds): nothing to pool")
+    # one value per pair of rounds, the figures' mean log-gain: the pairs, not the figures, are independent
+    per_round = np.log(np.array([r["round_gains"] for r in told])).mean(axis=0)
+    k = len(per_round)
+    half = stats.t_quantile(0.975, k - 1) * per_round.std(ddof=1) / np.sqrt(k)
+    gain, low, high = (float(np.exp(per_round.mean() + h)) for h in (0, -half, half))
+    claim = "faster" if low > 1 else "slower" if high < 1 else "cannot tell"
+    return {"claim": claim, "gain": gain, "low": low, "high": high}
+    ### END SOLUTION
+
+
+# %% tags=["nbval-check-output"]
+check(LAB, across_the_board)
+
+# %% tags=["predict"]
+distinct = [r for r in report["rows"] if r.get("low") is not None and not r.get("same_as")]
+above = sum(r["gain"] > 1 for r in distinct)
+board_guess = predict(f"{above} of this report's {len(distinct)} distinct timed figures have a gain above 1, "
+                      f"{sum(r['status'] == 'improvement' for r in distinct)} of them a finding on its own. Is "
+                      f"{TORCH_B} faster than {TORCH_A} across the board?",
+                      options=["faster", "slower", "cannot tell"], example="faster")
+
+# %%
+board = across_the_board(report)
+print(f"B over A across the board: {board['gain']:.3f}x [{board['low']:.3f}, {board['high']:.3f}] over "
+      f"{distinct[0]['pairs']} pairs of rounds -> {board['claim']}")
+print("each figure's gain:", [round(r["gain"], 3) for r in distinct])
+
+# %% tags=["reveal"]
+reveal(board_guess, board["claim"],
+       why=f"{above} gains above 1 out of {len(distinct)} are not {len(distinct)} pieces of evidence: the figures were "
+           f"timed in the same {distinct[0]['pairs']} pairs of rounds and share whatever those rounds did to the "
+           f"machine. Pooled over those pairs, B's typical gain is {board['gain']:.3f}x with a 95% interval "
+           f"of [{board['low']:.3f}, {board['high']:.3f}]. What that allows you to say: "
+           + (f"on these workloads, at this size and on this machine, {TORCH_B} is faster on average, by "
+              f"{board['low'] - 1:.1%} to {board['high'] - 1:.1%}." if board["claim"] == "faster" else
+              f"on these workloads, at this size and on this machine, {TORCH_B} is slower on average, its typical "
+              f"gain between {board['low']:.3f}x and {board['high']:.3f}x." if board["claim"] == "slower" else
+              f"on these workloads, at this size and on this machine, {TORCH_B} is not slower on average by more "
+              f"than {1 / board['low'] - 1:.1%} nor faster by more than {board['high'] - 1:.1%}; not that it is "
+              f"faster across the board. More pairs of rounds narrow that interval; more figures timed in the same "
+              f"rounds narrow only the part of the noise they do not share."));
 
 # %% [markdown]
 # ## What the numbers mean
@@ -516,6 +633,9 @@ for m in report["migrations"]:
 # - **Noise.** The spread of the per-pair gains printed above is the run-to-run noise of this machine,
 #   and the detectable change is what it costs: a row "within noise" says nothing about changes
 #   smaller than its detectable change. More rounds, or a quieter machine, lower it.
+# - **Across the board.** The figures of a report share its rounds, so their gains move together: a
+#   claim about all of them rests on the pairs of rounds, pooled, not on how many figures came out
+#   above 1 (exercise 7).
 # - **Tails.** A p99 from too few calls per round is little more than the slowest call; the report
 #   leaves it out until a round has enough calls for it, and says how many it had.
 # - **Paths and warnings.** A changed code path or a new deprecation warning is listed before the

@@ -38,11 +38,12 @@ def _paired_cases(gen):
     run_a, run_b, _ = _recorded_matrix()
     unet = [stats.split_rounds(f["samples"], f.get("groups"))
             for f in (run["workloads"]["unet_attention"]["figures"]["iteration_time"] for run in (run_a, run_b))]
-    gain = ("the gain is the geometric mean of the per-round gains (each round's median; for a time A / B, for a "
-            "throughput B / A), not a ratio of averages over all rounds")
-    width = ("the interval's width: where the feedback names a mistake, that ingredient of step 3 differs; "
-             "otherwise compare each ingredient in turn (a resampling of the pairs is not a t interval)")
-    rounds = "one value per round (its median): the rounds are the pairs, not the calls within them"
+    gain = ("not the gain the report prints: a ratio of averages over all rounds is another number, and the gain "
+            "is above 1 when B is the better one, for a throughput as for a time")
+    width = ("the interval's width: where the feedback names what your interval is, that is the mistake; a "
+             "resampling of a handful of pairs has too few distinct draws for its tails to hold 95%")
+    rounds = ("the calls were taken as the evidence, or a round was summarised by a value its slow calls pull: a "
+              "round is one observation, represented by its median call")
     slow = [1.0, 1.6, 0.9, 1.3, 1.0, 2.2]                  # slow stretches that hit both runs of a round pair
     jitter = (1 + 0.03 * torch.randn(6, generator=gen, dtype=torch.float64)).tolist()
     a6 = _rounds(gen, [0.020] * 6, slow, 0.05, 12)
@@ -92,19 +93,20 @@ def _decide(row, wanted):
 
 def _decide_cases(gen):
     from helpers.validation import stats
-    floor = (f"a change within {stats.MIN_CHANGE:.0%} is never a regression or an improvement, however tight its "
-             f"interval")
-    interval = "a regression needs the whole interval below 1, an improvement the whole interval above 1"
-    seen = ("within noise, the run rules out a change of `wanted` only if it could have detected one that size "
-            "(detectable <= wanted, both fractions)")
+    floor = (f"a change within the {stats.MIN_CHANGE:.0%} floor was called a regression or an improvement because "
+             f"its interval is tight")
+    interval = "a change was called while its interval still reaches past 1: at 95% the run does not show it"
+    seen = ("'no change of that size' was said of a run that could not have seen a change of `wanted`, or not said "
+            "of one that could (the detectable change is a fraction as `wanted` is)")
     pairs = "with no interval (fewer than two pairs, or a figure not reported) the data cannot tell"
-    first = ("the interval decides first: a whole interval below 1 with the gain beyond the floor is a regression "
-             "whatever the detectable change; detectable only splits the rest")
-    on_gain = ("the 2% floor applies to the gain, not to the interval's end: the interval has only to lie wholly "
-               "below (above) 1")
-    inverse = (f"the floor below 1 is 1 / (1 + MIN_CHANGE) (B {stats.MIN_CHANGE:.0%} slower: A / B = 1 / "
-               f"{1 + stats.MIN_CHANGE}), not 1 - MIN_CHANGE")
-    strict = "an interval that ends at 1 contains 1: wholly below 1 is high < 1, wholly above 1 is low > 1"
+    first = ("'cannot tell' was said of a row whose interval already shows a change beyond the floor: what the run "
+             "could have detected matters where the interval shows none")
+    on_gain = "the floor was applied to an end of the interval, not to the measured change"
+    inverse = (f"a gain between {1 - stats.MIN_CHANGE} and 1 / {1 + stats.MIN_CHANGE} is B more than "
+               f"{stats.MIN_CHANGE:.0%} slower, yet the floor below 1 was placed at {1 - stats.MIN_CHANGE}")
+    strict = "an interval that ends at 1 contains 1, and was read as lying wholly on one side of it"
+    inside = ("an interval inside ±`wanted` was read as 'no change of that size': the interval says where this run's "
+              "gain lies, not whether this run would have found a change of `wanted`")
     floor_below = 1 / (1 + stats.MIN_CHANGE)
 
     def row(gain, low, high, detectable, pairs=4):
@@ -126,6 +128,8 @@ def _decide_cases(gen):
         ("1.00x, interval [0.97, 1.03], detectable 4%, wanted 10%", row(1.0, 0.97, 1.03, 0.04), 0.10, seen),
         ("1.02x, interval [0.70, 1.49], detectable 55%, wanted 10%", row(1.02, 0.70, 1.49, 0.55), 0.10, seen),
         ("1.00x, interval [0.95, 1.05], detectable 10%, wanted 10%", row(1.0, 0.95, 1.05, 0.10), 0.10, seen),
+        ("1.00x, interval [0.92, 1.087], detectable 12%, wanted 10%", row(1.0, 0.92, 1.087, 0.12, pairs=6), 0.10,
+         inside),
         ("one pair of rounds", row(0.7, None, None, None, pairs=1), 0.10, pairs),
         ("a p99 not reported", row(None, None, None, None, pairs=None), 0.10, pairs),
         ("the recorded row with the smallest detectable change, wanted 10%",
@@ -136,7 +140,9 @@ def _decide_cases(gen):
               ("1.03x, interval [1.01, 1.05]", row(1.03, 1.01, 1.05, 0.03), 0.05, on_gain),
               ("1.06x, interval [1.00, 1.12] (starts at 1), detectable 30%, wanted 10%", row(1.06, 1.0, 1.12, 0.30),
                0.10, strict),
-              ("0.97x, interval [0.955, 0.985]", row(0.97, 0.955, 0.985, 0.02), 0.05, interval)]
+              ("0.97x, interval [0.955, 0.985]", row(0.97, 0.955, 0.985, 0.02), 0.05, interval),
+              ("1.01x, interval [0.94, 1.085], detectable 10.2%, wanted 10%", row(1.01, 0.94, 1.085, 0.102, pairs=6),
+               0.10, inside)]
     for r in told:
         hidden.append((f"the recorded {r['workload']} {r['figure']}",
                        {k: r[k] for k in ("gain", "low", "high", "detectable", "pairs")},
@@ -163,11 +169,13 @@ def _slowdown_cases(gen):
     run_a = load_run(path_a)
     report_ab = compare_runs(run_a, load_run(path_b))
     told = labcheck.told_rows(report_ab)
-    new = ("the injected workload is the one whose figures became regressions: regressions in A against C that "
-           "A against B does not have; a low gain whose interval contains 1 is noise")
-    inverse = ("a slowdown is how many times slower C is: the inverse of the gain, and the interval's ends swap "
-               "places when inverted")
-    reported = "only rows with an interval can be regressions: a figure not reported has no gain to invert"
+    new = "the workload named is not the one that changed between B and C"
+    noisy = ("the workload of the lowest gain was named: its interval contains 1, so that low gain is noise, not a "
+             "change")
+    own = "a regression that A against B already shows was named: it came with B, not between B and C"
+    inverse = ("the gains were returned as slowdowns, or their inverses with each end left in its place: a slowdown "
+               "of 1.5 is C taking 1.5 times as long, and its interval starts below it")
+    reported = "a figure the report did not report (it has no interval) was listed: it is no regression"
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -184,11 +192,11 @@ def _slowdown_cases(gen):
         # B with a real regression of its own (torch's) in another workload, then C from it
         b_reg = labcheck.inject_slowdown(path_a, path_b, tmp / "b_reg.json", workload=first)
         cases.append(Case("B with a regression of its own in another workload: the new regressions are the injection",
-                          injected(b_reg, "reg", workload=last), rtol=1e-9, atol=0, hint=new))
+                          injected(b_reg, "reg", workload=last), rtol=1e-9, atol=0, hint=own))
         # B with `first` noisy: its point gain the lowest of all, its intervals containing 1
         b_noisy = _noisy_b(path_a, path_b, tmp, first, told, injected(path_b, "last", workload=last)[1])
         cases.append(Case("B noisy in another workload: its gain is the lowest, but within noise",
-                          injected(b_noisy, "noisy", workload=last), rtol=1e-9, atol=0, hint=new))
+                          injected(b_noisy, "noisy", workload=last), rtol=1e-9, atol=0, hint=noisy))
         if "bert_infer" in told:
             cases.append(Case("bert_infer slowed (its p99 rows are not reported)",
                               injected(path_b, "bert", workload="bert_infer"), rtol=1e-9, atol=0, hint=reported))
@@ -225,15 +233,18 @@ def _drift_cases(gen):
 
     from helpers.validation import compare_runs, labcheck, load_run
     _, path_b = labcheck.matrix_paths(labcheck.RECORDED)
-    hint = ("a changed hash alone is not a drift: return the numerics row whose status is 'drift', with its "
-            "max_rel_diff")
+    hints = ["the answer is the output that moved beyond its tolerance, named by its workload and output, with how "
+             "far it moved (its max_rel_diff), and nothing else",
+             "an output that changed within its tolerance was named: a changed hash alone is not a drift, and the "
+             "answer has to come from the report it is given",
+             "the output named is not the one that moved beyond its tolerance"]
     seeds = [0, 5, 6 + int(torch.randint(0, 1000, (), generator=gen))]   # seed 5: a row within tolerance comes first
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, seed in enumerate(seeds):
             report = compare_runs(load_run(path_b), load_run(labcheck.inject_drift(path_b, Path(tmp) / f"c{i}.json", seed)))
             cases.append(Case(f"the injected change, seed {seed if i < 2 else 'secret'}", (report,), rtol=1e-6,
-                              atol=0, hidden=i > 0, hint=hint))
+                              atol=0, hidden=i > 1, hint=hints[i]))
     return cases
 
 
@@ -258,10 +269,10 @@ def _aa_gains(gen, spread, n):
 def _pairs_needed_cases(gen):
     report = _recorded_matrix()[2]
     recorded = next(r["round_gains"] for r in report["rows"] if r.get("round_gains"))
-    spread = ("the noise is the spread of the pairs' log-gains with k - 1 in the denominator, as in exercise 1's "
-              "interval: with a handful of pairs, dividing by k understates it")
-    test = ("the plan sizes exercise 1's test, two-sided at 95%, to find the change 80% of the time: the change's log "
-            "must exceed the 95% half-width plus the distance to the 80% point, not the half-width alone")
+    spread = ("the noise was taken with k in the denominator: with a handful of pairs that understates it, and the "
+              "plan promises more than it delivers")
+    test = ("the plan is not sized for exercise 1's test (two-sided at 95%) finding the change 80% of the time: a "
+            "change that just reaches the 95% half-width is found about half the time")
     small = ("with few pairs Student's t is far from the normal quantiles, at both the 95% and the 80% point: a plan "
              "that uses the normal ones promises more than it delivers")
     stub = "this case passes once the function runs without stats.rounds_needed or the pipeline's plan"
@@ -350,10 +361,137 @@ def _own_workload_cases(gen):
             Case(f"{n} samples asked", ("samples", n), call="own_workload", hidden=True, hint=samples),
             Case(f"better, {n} samples", ("better", n), call="own_workload", hidden=True, hint=better)]
 
+def _across_the_board(report):
+    import math
+
+    import numpy as np
+
+    from helpers.validation import stats
+    told = [r for r in report["rows"] if r.get("low") is not None and not r.get("same_as")]
+    if not told:
+        raise ValueError("no figure of this report has an interval (two or more pairs of rounds): nothing to pool")
+    per_round = np.log(np.array([r["round_gains"] for r in told], dtype=float)).mean(axis=0)
+    k = len(per_round)
+    half = stats.t_quantile(0.975, k - 1) * float(per_round.std(ddof=1)) / math.sqrt(k)
+    centre = float(per_round.mean())
+    low, high = math.exp(centre - half), math.exp(centre + half)
+    claim = "faster" if low > 1 else "slower" if high < 1 else "cannot tell"
+    return {"claim": claim, "gain": math.exp(centre), "low": low, "high": high}
+
+
+def _board_row(workload, figure, better, logs, same_as=None):
+    """A report row (as compare_runs makes it) for a timed figure whose per-pair log-gains are `logs`."""
+    import math
+
+    from helpers.validation import stats
+    gains = [math.exp(float(v)) for v in logs]
+    b = [1 / g if better == "lower" else g for g in gains]       # A's rounds all 1: the gain is B's round
+    r = stats.paired_interval([1.0] * len(b), b, better)
+    return {"workload": workload, "figure": figure, "stat": "median", "unit": "s" if better == "lower" else "items/s",
+            "better": better, "same_as": same_as, "status": stats.verdict(r), "why": ""} | r
+
+
+def _board_extras(workload):
+    """The rows a report also holds that say nothing about speed per pair: an exact count of bytes, a p99
+    not reported, a figure whose rounds could not be paired."""
+    blank = {"low": None, "high": None, "pairs": None, "detectable": None, "round_gains": None, "same_as": None}
+    return [{"workload": workload, "figure": "peak_step_memory", "stat": "exact", "unit": "bytes", "better": "lower",
+             "gain": 0.90, "status": "improvement", "why": "an exact figure: no noise, the floor alone decides"}
+            | blank,
+            {"workload": workload, "figure": "latency_p99", "stat": "p99", "unit": "s", "better": "lower",
+             "gain": None, "status": "not reported", "why": "p99 needs at least 1000 samples per round"} | blank,
+            _board_row(workload, "unpaired_time", "lower", [0.4])]
+
+
+def _board_report(seed, figures, pairs, round_sd, figure_sd, twins=False, extras=False):
+    """A drawn report: figures [(workload, figure, better, true log-gain)], each pair's log-gain that plus a
+    slow or quick stretch shared by every figure of the round (round_sd) and the figure's own noise
+    (figure_sd); twins: each time followed by its rate, the same calls; extras: _board_extras' rows."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    shared = rng.normal(0, round_sd, pairs)
+    rows = []
+    for workload, figure, better, mu in figures:
+        logs = mu + shared + rng.normal(0, figure_sd, pairs)
+        rows.append(_board_row(workload, figure, better, logs))
+        if twins and better == "lower":
+            rows.append(_board_row(workload, figure.replace("time", "per_s"), "higher", logs, same_as=figure))
+    if extras:
+        rows += _board_extras(figures[0][0])
+    return {"rows": rows}
+
+
+def _board_figures(n, mus):
+    """n figures over three workloads, times and rates in turn, with true log-gains mus (cycled)."""
+    names = ("train", "serve", "embed")
+    return [(names[i % 3], f"figure{i}_time" if i % 2 == 0 else f"figure{i}_per_s", "lower" if i % 2 == 0 else
+             "higher", mus[i % len(mus)]) for i in range(n)]
+
+
+def _board_cases(gen):
+    import math
+
+    _, _, recorded = _recorded_matrix()
+    log = math.log
+    gain = ("B's typical gain over the report's distinct timed figures, each weighing the same: where the feedback "
+            "names what your gain is, that is the mistake")
+    width = ("the interval's width: where the feedback names what your interval is, that is how it treats the "
+             "evidence; otherwise ask what changes from one run of the whole report to the next")
+    general = ("a claim says what the interval you returned shows at 95% confidence about B's typical gain: which "
+               "side of 1 it lies on, if it lies on one side")
+    visible = [
+        ("B about 8% faster on every figure, times and rates, quiet rounds",
+         _board_report(11, _board_figures(6, [log(1.08)]), 6, 0.01, 0.02), general),
+        ("figures on both sides of 1, their typical gain above 1",
+         _board_report(12, _board_figures(8, [log(0.94), log(1.12), log(1.03), log(1.08)]), 6, 0.05, 0.05),
+         "a typical gain above 1 whose interval reaches below 1 was called faster: this run does not show that"),
+        ("the recorded 2.9.1 -> 2.10.0 report", recorded,
+         "every figure's own gain above 1 was read as faster across the board: the figures share the same rounds, "
+         "so ten gains above 1 are not ten independent pieces of evidence"),
+        ("every figure about 5% faster, none of them clearly on its own",
+         _board_report(14, _board_figures(10, [log(1.05)]), 6, 0.005, 0.06),
+         "cannot tell was said because no figure is clearly faster on its own: the claim is about the figures "
+         "together, and together they can show what none shows alone"),
+        ("B about 6% slower on every figure", _board_report(15, _board_figures(6, [-log(1.06)]), 6, 0.02, 0.03),
+         general),
+        ("B 1% faster on every figure, very quiet rounds",
+         _board_report(16, _board_figures(6, [log(1.01)]), 8, 0.002, 0.004),
+         "a small but clear gain was not called faster: the claim is about the direction the interval shows, with "
+         "no floor below which a change is too small to state"),
+        ("a time and its rate for each figure, with rows that have no interval",
+         _board_report(17, _board_figures(5, [log(0.97), log(1.10), log(1.04)]), 5, 0.03, 0.04, twins=True,
+                       extras=True), general),
+    ]
+    hidden = []
+    for i in range(3):
+        seed = int(torch.randint(0, 2**31 - 1, (), generator=gen))
+        n, pairs = 3 + int(torch.randint(0, 9, (), generator=gen)), 3 + int(torch.randint(0, 6, (), generator=gen))
+        mus = (0.1 * torch.randn(3, generator=gen, dtype=torch.float64)).tolist()
+        hidden.append((f"a drawn report ({n} figures, {pairs} pairs)",
+                       _board_report(seed, _board_figures(n, mus), pairs, 0.04, 0.04, twins=i != 1, extras=i != 2),
+                       general))
+    bert = {"rows": [r for r in recorded["rows"] if r["workload"] == "bert_infer"]}
+    hidden.append(("the recorded report's bert_infer rows", bert, general))
+    cases = []
+    for i, (name, report, hint) in enumerate(visible + hidden):
+        hide = i >= len(visible)
+        cases += [Case(f"{name}: the gain", (report,), call="board_gain_named", rtol=1e-6, atol=0, hidden=hide,
+                       hint=gain),
+                  Case(f"{name}: the 95% interval", (report,), call="board_interval_named", rtol=INTERVAL_RTOL,
+                       atol=0, hidden=hide, hint=width),
+                  Case(f"{name}: the claim", (report,), call="board_claim", hidden=hide, hint=hint)]
+    nothing = {"rows": _board_extras("train") + [r for r in recorded["rows"] if r.get("low") is None]}
+    cases.append(Case("a report with no figure that has an interval: a ValueError", (nothing,),
+                      call="own_value_error", expected="its own ValueError", expect_value=True,
+                      hint="with no figure that has an interval there is nothing to pool: check for that yourself and "
+                           "say so in a ValueError, before a library call fails on an empty list (or returns NaN)"))
+    return cases
+
 
 SPEC = LabSpec("09_migration_lab", (
     Exercise("Exercise 1: the paired interval", "paired_interval", _paired_cases, _paired_interval,
-             forbidden=("helpers.validation.stats.paired_interval", "helpers.validation.stats.compare_figure"),
+             forbidden=("helpers.validation.stats.paired_interval", "helpers.validation.stats.compare_figure",
+                        "helpers.grading.harnesses.lab09.paired_interval"),
              refused="the pipeline's stats.paired_interval is the function you are writing (and compare_figure calls"
                      " it): compute it from the rounds yourself"),
     Exercise("Exercise 2: the decision", "decide", _decide_cases, _decide,
@@ -367,4 +505,7 @@ SPEC = LabSpec("09_migration_lab", (
              forbidden=("helpers.validation.stats.rounds_needed", "helpers.validation.pipeline.plan"),
              refused="the pipeline's stats.rounds_needed (and its plan, which calls it) is the function you are "
                      "writing: plan from the gains yourself"),
+    Exercise("Exercise 7: faster across the board?", "across_the_board", _board_cases, _across_the_board,
+             # a pooling built on exercise 1's function is graded with a right one: a mistake there costs once
+             substitutes=(("paired_interval", "helpers.grading.harnesses.lab09.paired_interval"),)),
 ), allow_processes=True)    # the lab runs the pipeline, which records the git commit it ran from
