@@ -1,6 +1,8 @@
 """Lab 10, the capstone: the goals of helpers.capstone on the starting code, the solution (the reference) and
 wrong versions made here from them: the solution passes every goal and beats the starting code; the starting
-code earns only the serving goal and fails the planted bug; each wrong version fails the goal it breaks."""
+code earns only the serving goal and fails the planted bug; each wrong version fails the goal it breaks.
+Every goal on a workload other than the visible one is the guide notebook's last cell, whose stored output
+(every untimed goal passed) the suite and each environment of the matrix compare."""
 import shutil
 
 import pytest
@@ -129,18 +131,6 @@ def test_smaller_but_inaccurate_is_rejected(coarse, reference, start):
     assert size["ratio"] <= size["budget"] and not size["passed"], size
     assert size["loss"] > size["fp32_loss"] * (1 + size["loss_rise_allowed"])
     assert not capstone.serving_agreement(coarse, reference, W, model=model)["passed"]
-
-
-@pytest.mark.slow
-def test_grade_on_another_workload(reference, start):
-    """Every goal on a workload the visible one is not (other seed, corpus slice, batch, length); the timed
-    ones, in grade's few rounds, only never a regression (test_solution_is_faster_in_paired_rounds holds the rule)."""
-    graded = capstone.grade(reference, start, reference, capstone.workload(seed=5, part=1, batch_size=8, seq_len=48),
-                            threads_used=1)
-    timed = ("train_speed", "serve_latency")
-    failed = {g: r for g, r in graded["goals"].items() if not r["passed"] and g not in timed}
-    assert not failed, failed
-    assert all(graded["goals"][g]["verdict"] != "regression" for g in timed), {g: graded["goals"][g] for g in timed}
 
 
 def test_a_fix_for_the_visible_workload_only_fails_a_hidden_one(visible_only):

@@ -1,8 +1,9 @@
 """Every gradable lab graded as a small class: the solution (full marks), the untouched student copy
-(zero), a partial one (exercise 1 only); in the labs whose harness differs (threads, Triton, a C++ build),
-also one that crashes, one that hangs and one adversarial (all three in the last exercise,
-which no other exercise calls): the grader handles those three the same way in every lab, so the other labs
-leave them out to keep the suite's time. The grader's scores.csv, with its seconds column, is the table of
+(zero), a partial one (exercise 1 only); in the labs whose last exercise runs where others' do not (lab 01:
+threads and worker processes; lab 04: a C++ build), also one that crashes, one that hangs and one adversarial
+(all three in the last exercise, which no other exercise calls): the grader handles those three the same way
+in every lab, so the other labs leave them out to keep the suite's time (lab 02's Triton kernel is its
+exercise 2, not its last). The grader's scores.csv, with its seconds column, is the table of
 the closing notes."""
 import copy
 import csv
@@ -22,7 +23,7 @@ from helpers.grading.specs import SPECS, spec_for
 REPO = Path(__file__).resolve().parent.parent
 # lab 00's class (solution, partial, crash, hangs, adversarial and more) is tests/test_grading.py's
 LABS = sorted(set(SPECS) - {"00_warmup_lab"})
-FULL_CLASS_LABS = ("01_data_loading_lab", "02_fusion_lab", "04_custom_op_lab")
+FULL_CLASS_LABS = ("01_data_loading_lab", "04_custom_op_lab")
 FAILING_KINDS = ("crash", "hang", "adversarial")
 BLOCK = re.compile(rf"^([ \t]*){re.escape(BEGIN)}[^\n]*\n.*?^[ \t]*{re.escape(END)}[^\n]*$", re.S | re.M)
 

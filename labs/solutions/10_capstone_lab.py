@@ -204,3 +204,8 @@ graded = capstone.grade(mine, start, reference, other, threads_used=THREADS)
 for goal, result in graded["goals"].items():
     print(f"{'✅' if result['passed'] else '·'} {goal:<21} {capstone.describe(result)[:110]}")
 print(f"{len(graded['passed'])} of {len(graded['goals'])} goals in {graded['seconds']} s")
+
+# %% tags=["nbval-check-output"]
+untimed = [goal for goal in graded["goals"] if goal not in ("train_speed", "serve_latency")]
+print(f"every goal but the two timed ones passed on this workload: "
+      f"{all(graded['goals'][goal]['passed'] for goal in untimed)}")
