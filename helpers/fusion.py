@@ -426,6 +426,37 @@ def combo_dispatches(code: str) -> list[ComboDispatch]:
     return found
 
 
+def launch_sizes(code: str) -> list[list[int]]:
+    """The kernels the generated wrapper launches, in its order, each as its sub-kernels' static sizes: one size
+    for a plain Triton kernel, one per sub-kernel for a combo (or foreach) kernel (the `xnumel = N` lines of
+    its source). A kernel of dynamic size, or a C++ function, gives an empty list."""
+    names = set(kernel_functions(code))
+    launched = [line.split(".run(")[0] for line in wrapper_calls(code) if line.split(".run(")[0] in names]
+    return [[int(n) for n in _XNUMEL.findall(kernel_source(code, name))] for name in launched]
+
+
+RECORDED_SGD_STEP = Path(__file__).parent / "recorded" / "sgd_step_output_code_h200.json.gz"
+
+
+# Lab 02's cost model of one SGD step on that H200, in microseconds. The host's costs are fitted to the 8 step
+# times recorded there (within 3%); the GPU's are assumed, not measured: 3 us a kernel, and a program at the
+# H200's 4.8 TB/s (a compiled program moves 1024 float32 elements of 5 tensors, 20 KiB; a _foreach_ program
+# those of 2 or 3), an idle program a tenth of a busy one, in blocks of 1024 (XBLOCK is autotuned at run time).
+H200_STEP_COSTS = {"call_us": 40.5, "guard_us": 1.07, "launch_us": 6.3, "foreach_us": 15.3, "foreach_tensor_us": 0.22,
+                   "kernel_us": 3.0, "program_us": 0.0043, "idle_us": 0.0005, "foreach_program_us": 0.0023,
+                   "block": 1024}
+
+
+def recorded_sgd_step() -> dict:
+    """Inductor's output code for sgd_step on an NVIDIA H200, combo kernels off and on, and the step times
+    measured there (lab 02): {"about", "torch", "device", "workloads": {"quick" | "full": {"sizes", "code":
+    {"combo_off", "combo_on"}, "measured_us", "measured"}}}."""
+    import gzip
+    import json
+    with gzip.open(RECORDED_SGD_STEP, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
 def round_robin_grid(numels: Sequence[int], block: int) -> tuple[int, int]:
     """Programs of a round-robin combo launch (max blocks of any part, times the number of parts) and how
     many of them are fully masked (a part with fewer blocks gets program ids it has no work for).
@@ -434,6 +465,16 @@ def round_robin_grid(numels: Sequence[int], block: int) -> tuple[int, int]:
     most = max((-(-n // block) for n in numels), default=0)
     total = most * len(numels)
     return total, total - total_sequential
+
+
+def combo_launch_plan(numels: Sequence[int], block: int) -> tuple[str, int, int]:
+    """(scheme, programs, idle programs) of a combo kernel that combo_kernels=True makes of sub-kernels of these
+    static sizes, every one in blocks of `block` elements: the dispatch combo_dispatch_strategy picks and the
+    grid that scheme launches (round_robin_grid, or combo_grid with no idle program)."""
+    scheme = combo_dispatch_strategy(numels)
+    if scheme == "round_robin":
+        return (scheme, *round_robin_grid(numels, block))
+    return scheme, combo_grid(numels, block)[0], 0
 
 
 def inductor_options(*names: str) -> dict[str, object]:
