@@ -105,13 +105,6 @@ BATCHED_MATMULS = ("bmm", "baddbmm")
 
 
 class _AtenNames(torch.utils._python_dispatch.TorchDispatchMode):
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # from torch 2.13 a mode's __torch_dispatch__ is wrapped to keep Dynamo out of it, which imports
-        # torch._dynamo (seconds of CPU) the first time any op is recorded; this one records names and calls
-        # on, as every mode did before
-        return False
-
     def __init__(self, names: set):
         super().__init__()
         self.names = names

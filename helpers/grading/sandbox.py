@@ -299,11 +299,11 @@ def main(results_fd: int) -> int:
     # may not read: here they only say that the grader checks.
     helpers.grading.checks.check = _checked_by_the_grader
     if not (torch.cuda.is_available() or torch.xpu.is_available()):
-        # Triton builds its own helpers (tl.cdiv, tl.sigmoid) when first imported, which torch._dynamo does
-        # when a cell compiles: on a machine without a GPU they must be built for the interpreter, as a lab
-        # sets TRITON_INTERPRET=1 there before its first import, or a learner's interpreted kernel cannot call them
+        # Triton builds its own helpers (tl.cdiv, tl.sigmoid) when first imported, and torch._dynamo imports
+        # it just below: on a machine without a GPU they must be built for the interpreter, as a lab sets
+        # TRITON_INTERPRET=1 there before its first import, or a learner's interpreted kernel cannot call them
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    helpers.grading.checks.record_calls(lambda: torch.zeros(1) + 1, ("add",))   # the recorder's first use, not a case's
+    helpers.grading.checks.record_calls(lambda: torch.zeros(1) + 1, ("add",))   # imports torch._dynamo, once
     harness_state = {m: dict(vars(m)) for m in _harness_modules()}   # restored before the calls: cells may rebind names
     originals = _originals()
     baseline_threads = set(threading.enumerate())
