@@ -240,7 +240,7 @@ def _write_verified(args) -> int:
         changed = notebooks.write_verified(path, matrix, date, gpu_records)
         key = str(path.resolve().relative_to(manifest.REPO))
         print(f"{path}: {(notebooks.verified_versions(matrix, key) if matrix else 'matrix part kept') or 'none'}"
-              f"{notebooks.gpu_verified(gpu_records, key)}" + ("" if changed else " (unchanged)"))
+              f"{notebooks.gpu_verified(gpu_records, key, notebooks.code_sha256(notebooks.read(path)))}" + ("" if changed else " (unchanged)"))
         if changed and path.parent.name == "solutions":
             labs.append(path)
     for path in notebooks.build_labs(labs) if labs else []:

@@ -16,6 +16,7 @@ Labs: the authored source `labs/solutions/NN_topic_lab.ipynb` marks each solutio
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import re
 import time
@@ -107,21 +108,24 @@ def twin_problem(path: str | Path) -> str | None:
     return None
 
 
-# Honest times: a notebook's estimated minutes, from its own cells.
-WORDS_PER_MINUTE = 120
+# Honest times: a notebook's estimated minutes, from its own cells, fitted to the minutes learners took
+# (reviewers who worked through cores, deep dives and labs as new learners: see the README).
+WORDS_PER_MINUTE = 160
 LINES_PER_MINUTE = 15
+MINUTES_PER_CODE_MINUTE = 1.8   # running it, waiting, reading its output and the helper it calls
+MINUTES_PER_EXERCISE = 3.5      # a lab exercise (a cell with a solution): thinking, failed checks, another try
 PREDICT_TAG, YOUR_TURN_TAG = "predict", "your-turn"
-MINUTES_PER_PREDICTION = 2
 
 
 def estimated_minutes(nb: nbformat.NotebookNode) -> float:
-    """Words of markdown / 120, plus max(1, lines / 15) for each code cell, plus 2 for each prediction
-    prompt (a code cell tagged `predict`). The Colab set-up cell and the card's "Verified with torch" row
+    """Words of markdown / 160, plus 1.8 x max(1, lines / 15) for each code cell, plus 3.5 for each lab
+    exercise (a code cell holding a solution). The Colab set-up cell and the card's "Verified with torch" row
     (provenance: versions, machines, sources) are no reading: they do not count."""
     words = sum(len(VERIFIED_ROW.sub("", c.source).split()) for c in nb.cells if c.cell_type == "markdown")
     code = [c for c in nb.cells if c.cell_type == "code" and COLAB_TAG not in _tags(c)]
-    return (words / WORDS_PER_MINUTE + sum(max(1.0, len(c.source.splitlines()) / LINES_PER_MINUTE) for c in code)
-            + MINUTES_PER_PREDICTION * sum(PREDICT_TAG in _tags(c) for c in code))
+    return (words / WORDS_PER_MINUTE
+            + MINUTES_PER_CODE_MINUTE * sum(max(1.0, len(c.source.splitlines()) / LINES_PER_MINUTE) for c in code)
+            + MINUTES_PER_EXERCISE * sum(BEGIN in c.source for c in code))
 
 
 CARD_MINUTES = re.compile(r"^\| \*\*Time\*\* \| (\d+) minutes", re.M)
@@ -262,13 +266,20 @@ def verified_versions(matrix: dict, notebook: str) -> str:
 GPU_CLAUSE = re.compile(r", and as a script on .*? \(gpu-check, [\d-]+\)")
 
 
-def gpu_verified(records: list[dict], notebook: str) -> str:
+def code_sha256(nb: nbformat.NotebookNode) -> str:
+    """The SHA-256 of a notebook's code cells in order: what a run executed, whatever its prose and card say."""
+    return hashlib.sha256("\n# %%\n".join(c.source for c in nb.cells if c.cell_type == "code").encode()).hexdigest()
+
+
+def gpu_verified(records: list[dict], notebook: str, code: str) -> str:
     """', and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04)' for each kept GPU check
-    record (helpers/recorded/gpu-check-*.json) in which this notebook's quick run passed; '' when none."""
+    record (helpers/recorded/gpu-check-*.json) in which this notebook's quick run passed with the code it has
+    now (`code`, its code_sha256); '' when none."""
     clauses = []
     for record in records:
         run = record["record"]
-        if any(n["path"] == notebook and n["status"] == "passed" for n in run["notebooks"]):
+        if any(n["path"] == notebook and n["status"] == "passed" and n.get("code_sha256") == code
+               for n in run["notebooks"]):
             machine = run["machine"]
             day = time.strftime("%Y-%m-%d", time.gmtime(run["started"]))
             clauses.append(f", and as a script on {machine['torch_version']} on an {machine['device_name']} "
@@ -292,7 +303,7 @@ def write_verified(path: Path, matrix: dict | None, date: str | None, gpu_record
         versions = verified_versions(matrix, key)
         text = (f"quick run and stored outputs pass on {versions} (make matrix, {date})" if versions
                 else f"no environment of the matrix of {date} passed")
-    text += gpu_verified(list(gpu_records), key)
+    text += gpu_verified(list(gpu_records), key, code_sha256(nb))
     new = VERIFIED_ROW.sub(lambda m: m.group(1) + text + (" " if m.group(3).startswith("|") else "") + m.group(3),
                            card.source, count=1)
     if new == card.source:

@@ -6,7 +6,7 @@
 # | **What you will learn** | what threads and worker processes cost in memory by start method, and why forked workers grow as they read Python objects; how one extension turns the GIL back on in a free-threaded build; what torch shares between threads; the fixed cost per epoch of `torchdata.nodes`; why serial and one worker can differ on a busy machine; five more pitfalls of thread loading (shared buffers, ordering, read-ahead, errors and shutdown, pickling for process workers); what changes on other hardware, other Pythons and after 2.10 |
 # | **Prerequisites** | [lesson 01](01_free_threaded_data_loading.ipynb) |
 # | **Hardware** | any CPU. The extension section needs a free-threaded CPython (3.13t/3.14t, `environments/free-threaded.txt`) and a C compiler; the torchdata section needs torchdata |
-# | **Time** | 45 minutes |
+# | **Time** | 56 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the 2.10 facts are checked against its source and release notes |
 #
 # The core lesson measured which loader is fast. This notebook is about what else decides the choice: memory,

@@ -6,7 +6,7 @@
 # | **What you will learn** | what replaces the deprecated `export_memory_timeline`; what the "unknown" category holds, named by the operations that made it, and what Adam's foreach and fused updates make instead; selective activation checkpointing (a policy per operation) measured against full checkpointing; activation memory against the batch size; on an NVIDIA or AMD GPU: the same training step by category with allocated against reserved memory, the CUDA allocator's history snapshots for pytorch.org/memory_viz, nested `torch.cuda.MemPool`s (fixed in 2.10), fragmentation and the allocator setting that fits it, `expandable_segments` (set at start-up or at run time, and its limits), a snapshot dumped when memory runs out; other hardware; pitfalls |
 # | **Prerequisites** | [lesson 07](07_memory.ipynb) |
 # | **Hardware** | any CPU. The sections on the training step on a GPU, allocator history, memory pools, fragmentation and out-of-memory need an NVIDIA or AMD GPU; elsewhere they are skipped with the reason |
-# | **Time** | 46 minutes |
+# | **Time** | 55 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the exporter's categories and Adam's CPU path read in the 2.10.0 and 2.13.0 wheels (`torch/profiler/_memory_profiler.py`, `torch/optim/adam.py`); 2.10 facts from its release notes (nested `use_mem_pool`, PR #168382) and its CUDA wheel (`torch/cuda/memory.py`, strings of `libc10_cuda.so`) |
 
 # %% tags=["colab-setup"]

@@ -2,8 +2,8 @@
 the format ("format": "course" in helpers/manifest.json) a core lesson that fits its card, makes the learner
 predict and act, and ends by pointing to its deep dive.
 
-A notebook's estimate: words of markdown / 120, plus max(1, lines / 15) for each code cell, plus 2 for each
-prediction prompt (helpers.notebooks.estimated_minutes).
+A notebook's estimate: words of markdown / 160, plus 1.8 x max(1, lines / 15) for each code cell, plus 3.5 for
+each lab exercise (helpers.notebooks.estimated_minutes, fitted to learners' minutes: see the README).
 """
 import math
 import re
@@ -129,9 +129,12 @@ def test_estimate_follows_the_formula():
     v4 = notebooks.nbformat.v4
     prompt = v4.new_code_cell("guess = predict('?', options=['a', 'b'], example='a')")
     prompt.metadata["tags"] = [PREDICT_TAG]
-    nb = v4.new_notebook(cells=[v4.new_markdown_cell(" ".join(["word"] * 240)),
+    exercise = v4.new_code_cell("def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n")
+    nb = v4.new_notebook(cells=[v4.new_markdown_cell(" ".join(["word"] * 320)),
                                 v4.new_code_cell("\n".join(["x = 1"] * 30)), v4.new_code_cell("y = 2"), prompt])
-    assert notebooks.estimated_minutes(nb) == pytest.approx(240 / 120 + 30 / 15 + 1 + 1 + 2)
+    assert notebooks.estimated_minutes(nb) == pytest.approx(320 / 160 + 1.8 * (30 / 15 + 1 + 1))
+    nb.cells.append(exercise)
+    assert notebooks.estimated_minutes(nb) == pytest.approx(320 / 160 + 1.8 * (30 / 15 + 1 + 1 + 1) + 3.5)
     nb.cells[0].source = "| **Time** | 12 minutes |"
     assert notebooks.card_minutes(nb) == 12
 

@@ -399,6 +399,20 @@ def test_a_forbidden_helper_compiled_again_under_another_name_is_still_recognise
     exec(compile(source, "my_own_permute.py", "exec"), ns)
     args = (torch.randn(6, 4), torch.tensor([0, 1, 0, 2, 1, 0]), 3)
     assert record_calls(lambda: ns["permute"](*args), ("helpers.moe.permute",))[1] == ["helpers.moe.permute"]
+    # renamed, its docstring and its locals too, in a cell that imported torch in another cell (which
+    # changes the bytecode the compiler chooses for torch.argsort(...))
+    renamed = re.sub(r'    """.*?"""\n', "", inspect.getsource(helpers.moe.permute), count=1, flags=re.S)
+    for old, new in (("permute", "route"), ("order", "idx"), ("flat", "choices"), ("offs", "ends")):
+        renamed = re.sub(rf"\b{old}\b", new, renamed)
+    cell = {**vars(helpers.moe)}
+    exec(compile(renamed, "<cell 7>", "exec"), cell)
+    assert record_calls(lambda: cell["route"](*args), ("helpers.moe.permute",))[1] == ["helpers.moe.permute"]
+    # and a learner's own permute, written differently, is not taken for a copy
+    own = ("def own(x, expert_ids, num_experts):\n    order = expert_ids.reshape(-1).argsort(stable=True)\n"
+           "    counts = expert_ids.reshape(-1).bincount(minlength=num_experts)\n"
+           "    return x[order // expert_ids.reshape(len(x), -1).shape[1]], order, counts.cumsum(0).int()\n")
+    exec(compile(own, "<cell 8>", "exec"), cell)
+    assert record_calls(lambda: cell["own"](*args), ("helpers.moe.permute",))[1] == []
 
 
 def test_a_padding_free_einsum_expert_ffn_is_accepted(capsys):

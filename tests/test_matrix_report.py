@@ -212,16 +212,22 @@ def test_card_lists_the_environments_where_quick_run_and_nbval_passed(tmp_path):
             "(make matrix, 2026-12-01); sources: release notes |") in card
     gpu = {"record": {"started": 1796389320.0,   # 2026-12-04 13:02 UTC
                       "machine": {"torch_version": "2.11.0+cu130", "device_name": "NVIDIA H200"},
-                      "notebooks": [{"path": "lesson.ipynb", "status": "passed"}]}}
+                      "notebooks": [{"path": "lesson.ipynb", "status": "passed",
+                                     "code_sha256": notebooks.code_sha256(notebooks.read(path))}]}}
     notebooks.REPO = tmp_path
     try:
         assert notebooks.write_verified(path, None, None, [gpu])             # the matrix part stays
         assert not notebooks.write_verified(path, None, None, [gpu])
         assert not notebooks.write_verified(path, matrix, "2026-12-01", [gpu])
+        assert (f"pass on {cpu_label} (make matrix, 2026-12-01), and as a script on 2.11.0+cu130 on an NVIDIA H200 "
+                "(gpu-check, 2026-12-04); sources: release notes |") in notebooks.read(path).cells[0].source
+        nb = notebooks.read(path)                                             # its code changes after the GPU run:
+        nb.cells.append(nbformat.v4.new_code_cell("x = 1"))                  # the clause no longer holds
+        notebooks.write(nb, path)
+        assert notebooks.write_verified(path, None, None, [gpu])
+        assert "gpu-check" not in notebooks.read(path).cells[0].source
     finally:
         notebooks.REPO = repo
-    assert (f"pass on {cpu_label} (make matrix, 2026-12-01), and as a script on 2.11.0+cu130 on an NVIDIA H200 "
-            "(gpu-check, 2026-12-04); sources: release notes |") in notebooks.read(path).cells[0].source
     path.write_text(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# no card")])))
     with pytest.raises(ValueError, match="no .*Verified with torch"):
         notebooks.write_verified(path, matrix, "2026-12-01")

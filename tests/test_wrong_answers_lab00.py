@@ -7,7 +7,7 @@ import torch
 
 from helpers.checks import CheckFailed
 from helpers.grading.checks import check
-from wrong_answers import FORBIDDEN_HINT, MATCH_HINT, L00, Wrong, lab_tests
+from wrong_answers import FORBIDDEN_HINT, MATCH_HINT, L00, Wrong, lab_tests, prepared
 
 
 def softmax_no_max(x, dim=-1):
@@ -119,12 +119,123 @@ def softmax_nan_to_num(x, dim=-1):
     return torch.nan_to_num(e / torch.sum(e, dim=dim, keepdim=True), nan=0.0)
 
 
-def rms_norm_fp32_stats(x, weight, eps=1e-6):
-    # a second, differently written right answer: checks by length, divides by a square root
-    if weight.dim() != 1 or weight.numel() != x.shape[-1]:
-        raise ValueError(f"weight must be 1-D of length {x.shape[-1]} (x's last dimension), got "
-                         f"{tuple(weight.shape)}")
-    return x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True) + eps) * weight
+def _checked(x, weight):
+    if weight.shape != x.shape[-1:]:
+        raise ValueError(f"weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
+
+
+def rms_norm_as_written(x, weight, eps=1e-6):
+    # the formula in x's dtype: in float16 x**2 is inf past |x| = 256, and the row comes out as 0
+    _checked(x, weight)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rms_norm_float32_sum(x, weight, eps=1e-6):
+    # accumulates the mean in float32, but the squares were taken in float16 and are inf already
+    _checked(x, weight)
+    mean_sq = x.pow(2).mean(-1, keepdim=True, dtype=torch.float32)
+    return x * torch.rsqrt(mean_sq + eps).to(x.dtype) * weight
+
+
+def rms_norm_half_norm(x, weight, eps=1e-6):
+    # a norm in x's dtype: sqrt(sum of squares) passes 65504 long before the entries do
+    _checked(x, weight)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return x * torch.rsqrt(norm * norm / x.shape[-1] + eps) * weight
+
+
+def rms_norm_upcast(x, weight, eps=1e-6):
+    # right values, through a float32 copy of x
+    _checked(x, weight)
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def rms_norm_promoted(x, weight, eps=1e-6):
+    # float32 statistics per row, but x times a float32 factor is float32 of x's size (type promotion)
+    _checked(x, weight)
+    s = x.abs().amax(-1, keepdim=True)
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    mean_sq = (x / s).pow(2).mean(-1, keepdim=True).float() * s.float().pow(2)
+    return (x * torch.rsqrt(mean_sq + eps) * weight).to(x.dtype)
+
+
+def rms_norm_returns_float32(x, weight, eps=1e-6):
+    # computes in float32 and returns it
+    _checked(x, weight)
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rms_norm_fixed_scale(x, weight, eps=1e-6):
+    # one fixed factor keeps 6e4 squared finite, and sends the squares of small entries to 0
+    _checked(x, weight)
+    mean_sq = (x / 256).pow(2).mean(-1, keepdim=True, dtype=torch.float32) * 256**2
+    return x * torch.rsqrt(mean_sq + eps).to(x.dtype) * weight
+
+
+def rms_norm_eps_over_square(x, weight, eps=1e-6):
+    # scales each row in x's dtype, but squares the small scale there: s**2 for s near 7e-4 is a float16
+    # subnormal, and eps / s**2 (eps times 1 / s**2) is inf
+    _checked(x, weight)
+    s = x.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    y = x / s
+    return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps / s**2) * weight
+
+
+def rms_norm_global_scale(x, weight, eps=1e-6):
+    # one scale for the whole tensor: a small row next to a large one underflows
+    _checked(x, weight)
+    s = x.abs().amax().clamp_min(torch.finfo(x.dtype).tiny)
+    mean_sq = (x / s).pow(2).mean(-1, keepdim=True).float() * s.float() ** 2
+    return x * torch.rsqrt(mean_sq + eps).to(x.dtype) * weight
+
+
+def rms_norm_zero_row_nan(x, weight, eps=1e-6):
+    # scales each row by its largest entry, which is 0 in a row of zeros: 0 / 0
+    _checked(x, weight)
+    s = x.abs().amax(-1, keepdim=True)
+    mean_sq = (x / s).pow(2).mean(-1, keepdim=True).float() * s.float().pow(2)
+    return x * torch.rsqrt(mean_sq + eps).to(x.dtype) * weight
+
+
+def rms_norm_eps_unscaled(x, weight, eps=1e-6):
+    # normalises x / s, adding eps to the mean square of x / s instead of x's
+    _checked(x, weight)
+    s = x.abs().amax(-1, keepdim=True)
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    y = x / s
+    return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rms_norm_calls_torch(x, weight, eps=1e-6):
+    # the function the exercise asks to write
+    _checked(x, weight)
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def rms_norm_float32_norm(x, weight, eps=1e-6):
+    # float32 statistics from a reduction told dtype=torch.float32: one float32 number per row comes out, but
+    # the op converts x to float32 first (a copy at twice x's bytes, as the profiler's memory shows)
+    _checked(x, weight)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+    rms = torch.sqrt(norm.square() / x.shape[-1] + eps)
+    return x / rms.to(x.dtype) * weight
+
+
+def rms_norm_in_own_dtype(x, weight, eps=1e-6):
+    # a third right answer: everything in x's dtype, each row over its largest entry, eps divided by it twice
+    _checked(x, weight)
+    s = x.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    y = x / s
+    return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps / s / s) * weight
+
+
+def test_rms_norm_wrong_answers_fail_a_visible_case():
+    """Every rms_norm mistake loses marks in the notebook's check too, not only in the grader."""
+    _, cases, _ = prepared(L00, "rms_norm")
+    hidden = {c.name for c in cases if c.hidden}
+    assert [w.name for w in WRONG if w.function == "rms_norm" and w.case in hidden] == []
 
 
 def test_check_raises_the_hint():
@@ -132,6 +243,9 @@ def test_check_raises_the_hint():
         check(L00, softmax_last_dim_only, function="softmax")
     assert "use the dim argument" in str(failed.value)
 
+
+BIG16, SMALL16 = "float16, entries up to 6e4", "float16, entries near 3e-4"
+COPY = "no float32 copy of a float16 x"
 
 WRONG = [
     Wrong(L00, "softmax", "no-max", softmax_no_max, "huge values (1e4) do not overflow", "subtract the maximum first"),
@@ -155,8 +269,30 @@ WRONG = [
           "compare weight.shape with x.shape[-1:]"),
     Wrong(L00, "rms_norm", "vague-error", rms_norm_vague_error, "a mismatched weight is rejected", MATCH_HINT),
     Wrong(L00, "rms_norm", "whole-tensor-mean", rms_norm_whole_tensor, "values", "mean(x**2 over the last dim)"),
+    Wrong(L00, "rms_norm", "as-written-in-float16", rms_norm_as_written, BIG16, "x**2 is inf once |x| passes 256"),
+    Wrong(L00, "rms_norm", "float32-sum-of-float16-squares", rms_norm_float32_sum, BIG16,
+          "summing in float32 after squaring in float16 comes too late"),
+    Wrong(L00, "rms_norm", "norm-in-float16", rms_norm_half_norm, BIG16, "or a norm, past that size"),
+    Wrong(L00, "rms_norm", "float32-copy", rms_norm_upcast, COPY, "x.float() (or .to(torch.float32)) is a copy of x"),
+    Wrong(L00, "rms_norm", "reduction-dtype", rms_norm_float32_norm, COPY, "a reduction given dtype=torch.float32"),
+    Wrong(L00, "rms_norm", "promoted-to-float32", rms_norm_promoted, COPY, "type promotion makes the product float32"),
+    Wrong(L00, "rms_norm", "returns-float32", rms_norm_returns_float32, "bfloat16, entries up to 3e4: keeps x's dtype",
+          "return x's dtype"),
+    Wrong(L00, "rms_norm", "fixed-scale", rms_norm_fixed_scale, SMALL16,
+          "a fixed factor that shrinks x before squaring"),
+    Wrong(L00, "rms_norm", "eps-over-square-in-float16", rms_norm_eps_over_square, SMALL16,
+          "squares of entries near 3e-4 lose their digits or vanish"),
+    Wrong(L00, "rms_norm", "one-scale-for-the-tensor", rms_norm_global_scale, "float16, rows of very different sizes",
+          "a single factor for the whole tensor"),
+    Wrong(L00, "rms_norm", "zero-row-nan", rms_norm_zero_row_nan, "float16, a row of zeros gives zeros",
+          "not NaN (0 / 0)"),
+    Wrong(L00, "rms_norm", "eps-on-the-scaled-rows", rms_norm_eps_unscaled, "eps is used",
+          "to the mean of the squares of x itself"),
+    Wrong(L00, "rms_norm", "calls-torch", rms_norm_calls_torch, BIG16, FORBIDDEN_HINT),
 ]
 
-SECOND_SOLUTIONS = [("softmax", softmax_nan_to_num), ("rms_norm", rms_norm_fp32_stats)]
+SECOND_SOLUTIONS = [("softmax", softmax_nan_to_num), ("rms_norm", rms_norm_in_own_dtype)]
 
-globals().update(lab_tests(L00, WRONG, SECOND_SOLUTIONS))
+globals().update(lab_tests(L00, WRONG, SECOND_SOLUTIONS,
+                           # the reference computes in float64, from a float64 copy of x
+                           reference_exempt={"rms_norm": {COPY, "no float32 copy of a bfloat16 3-D x"}}))

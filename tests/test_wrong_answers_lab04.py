@@ -91,6 +91,167 @@ def swiglu_second_solution(x, w_gate, w_up, w_down):
     return F.linear(torch.ops.labs_ext.silu_mul(gate, up), w_down)
 
 
+def port(*replacements: tuple[str, str]) -> str:
+    """The solution's stable-ABI source with each (old, new) text replaced (each old is in it)."""
+    source = spec04.STABLE_SOURCE
+    for old, new in replacements:
+        assert old in source, old
+        source = source.replace(old, new)
+    return source
+
+
+CLASSIC_PARALLEL = (("#include <cmath>", "#include <ATen/Parallel.h>\n\n#include <cmath>"),
+                    ("torch::stable::parallel_for(", "at::parallel_for("))
+STABLE_REGISTRATION = 'STABLE_TORCH_LIBRARY_IMPL(labs_ext, CPU, m) {\n  m.impl("silu_mul", TORCH_BOX(&silu_mul_stable));'
+SHAPE_CHECKS = """  STD_TORCH_CHECK(gate.dim() == up.dim(), "silu_mul: gate and up must have the same shape");
+  for (int64_t d = 0; d < gate.dim(); ++d) {
+    STD_TORCH_CHECK(gate.size(d) == up.size(d), "silu_mul: gate and up must have the same shape");
+  }
+"""
+STABLE_SOURCES = {
+    # at::parallel_for kept, with its classic header
+    "classic-parallel-for": port(*CLASSIC_PARALLEL),
+    # the classic registration macro and a plain function
+    "torch-library-impl": port((STABLE_REGISTRATION,
+                                'TORCH_LIBRARY_IMPL(labs_ext, CPU, m) {\n  m.impl("silu_mul", &silu_mul_stable);')),
+    # m.impl handed the plain function, without TORCH_BOX
+    "no-torch-box": port(("TORCH_BOX(&silu_mul_stable)", "&silu_mul_stable")),
+    # the classic TORCH_CHECK kept
+    "torch-check": spec04.STABLE_SOURCE.replace("STD_TORCH_CHECK", "TORCH_CHECK"),
+    # rms_norm_stable.cpp's STABLE_TORCH_LIBRARY block copied: defines the op's namespace a second time
+    "defines-the-op": port(("STABLE_TORCH_LIBRARY_IMPL(labs_ext, CPU, m) {",
+                            'STABLE_TORCH_LIBRARY(labs_ext, m) {\n  m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");'
+                            "\n}\n\nSTABLE_TORCH_LIBRARY_IMPL(labs_ext, CPU, m) {")),
+    # the #error silenced: the target undefined, the classic header and parallel_for back
+    "undef-target": "#undef TORCH_TARGET_VERSION\n" + port(*CLASSIC_PARALLEL),
+    # one plain loop over every element: no thread split
+    "serial": port(("torch::stable::parallel_for(0, g.numel(), 4096, [&](int64_t begin, int64_t end) {\n"
+                    "    silu_mul_chunk<scalar_t>(gp, up, op, begin, end);\n  });",
+                    "silu_mul_chunk<scalar_t>(gp, up, op, 0, g.numel());")),
+    # float32 only, as rms_norm_stable.cpp
+    "float-only": port(*[(f"      THO_DISPATCH_CASE(ScalarType::{t}, [&] {{ run<scalar_t>(g, u, out); }})\n", "")
+                         for t in ("Double", "BFloat16")],
+                       ("      THO_DISPATCH_CASE(ScalarType::Half, [&] { run<scalar_t>(g, u, out); })", "")),
+    # float for every dtype, double included
+    "float-acc": port(("std::conditional_t<std::is_same_v<scalar_t, double>, double, float>", "float")),
+    # the flat loop on the inputs as they come
+    "no-contiguous": port(("const Tensor g = torch::stable::contiguous(gate);", "const Tensor g = gate;"),
+                          ("const Tensor u = torch::stable::contiguous(up);", "const Tensor u = up;")),
+    # no shape check: gate (3, 4) and up (3, 5) are multiplied element by element in memory order
+    "no-shape-check": port((SHAPE_CHECKS, "")),
+    # contiguous taken for a copy: a contiguous gate is returned as itself, and the kernel writes it
+    "output-aliases-gate": port(("Tensor out = torch::stable::empty_like(g);",
+                                 "Tensor out = torch::stable::contiguous(gate);")),
+}
+
+# a right port written differently: a switch on the dtype, the accumulation type by overload, new_empty
+SECOND_STABLE_SOURCE = r"""// A second port: a switch on the dtype, an accumulation type by overload, the output from new_empty.
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/macros/Macros.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+
+#include <cmath>
+
+namespace {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+float widen(c10::BFloat16 v) { return static_cast<float>(v); }
+float widen(c10::Half v) { return static_cast<float>(v); }
+float widen(float v) { return v; }
+double widen(double v) { return v; }
+
+template <typename T>
+void silu_mul_typed(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const T* g = gate.const_data_ptr<T>();
+  const T* u = up.const_data_ptr<T>();
+  T* o = out.mutable_data_ptr<T>();
+  torch::stable::parallel_for(0, out.numel(), 2048, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const auto x = widen(g[i]);
+      const auto sig = decltype(x)(1) / (decltype(x)(1) + std::exp(-x));
+      o[i] = static_cast<T>(x * sig * widen(u[i]));
+    }
+  });
+}
+
+Tensor silu_mul_port(const Tensor& gate, const Tensor& up) {
+  STD_TORCH_CHECK(gate.sizes().equals(up.sizes()), "silu_mul: gate and up differ in shape");
+  STD_TORCH_CHECK(gate.scalar_type() == up.scalar_type(), "silu_mul: gate and up differ in dtype");
+  Tensor g = torch::stable::contiguous(gate);
+  Tensor u = torch::stable::contiguous(up);
+  Tensor out = torch::stable::new_empty(g, g.sizes());
+  switch (g.scalar_type()) {
+    case ScalarType::Float: silu_mul_typed<float>(g, u, out); break;
+    case ScalarType::Double: silu_mul_typed<double>(g, u, out); break;
+    case ScalarType::BFloat16: silu_mul_typed<c10::BFloat16>(g, u, out); break;
+    case ScalarType::Half: silu_mul_typed<c10::Half>(g, u, out); break;
+    default: STD_TORCH_CHECK(false, "silu_mul: float, double, bfloat16 or half only");
+  }
+  return out;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(labs_ext, CPU, m) {
+  m.impl("silu_mul", TORCH_BOX(&silu_mul_port));
+}
+"""
+
+
+def stable_source(source: str) -> str:
+    return f"def silu_mul_stable_source():\n    return {source!r}\n"
+
+
+@pytest.fixture(scope="module")
+def stable_results(tmp_path_factory):
+    """Every silu_mul_stable_source candidate (the solution notebook's, a second port, the wrong ones) built and
+    run in one child process."""
+    candidates = {"solution": stable_source(solution_namespace(L04)["silu_mul_stable_source"]()),
+                  "second_solution": stable_source(SECOND_STABLE_SOURCE)}
+    candidates.update({name: stable_source(source) for name, source in STABLE_SOURCES.items()})
+    return run_in_child(L04, "silu_mul_stable_source", candidates, tmp_path_factory.mktemp("stable"))
+
+
+@pytest.mark.slow
+def test_second_stable_port_gets_full_marks(stable_results):
+    assert stable_results["second_solution"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in STABLE_SOURCES if n != "defines-the-op"])
+def test_stable_feedback_opens_with_the_mistake(name, stable_results):
+    """The first case a wrong port fails (the one check() stops at) is the one whose hint names its mistake; a
+    source that defines the namespace stops at the build, whose line names the refusal."""
+    row = next(w for w in WRONG if w.function == "silu_mul_stable_source" and w.name == name)
+    assert stable_results[name][0][0] == row.case
+
+
+def test_a_wrong_fake_or_backward_costs_marks_in_its_own_exercise_only():
+    """Exercise 4 compiles the learner's swiglu_mlp with the reference's fake kernel and autograd formula, not
+    the ones the notebook registered: a wrong backward (or fake kernel) fails exercise 3 (or 2) and no case of
+    exercise 4; the notebook's registrations are back afterwards."""
+    from helpers.ext import lab as _defines_the_op   # noqa: F401
+    op = torch.ops.labs_ext.silu_mul.default
+    lib = torch.library.Library("labs_ext", "FRAGMENT")
+    torch.library.register_fake("labs_ext::silu_mul", lambda gate, up: gate.new_empty(()), lib=lib,
+                                allow_override=True)
+    wrong = torch._library.autograd.make_autograd_impl(op, torch._library.autograd.Info(
+        backward_missing_term, lambda ctx, inputs, output: ctx.save_for_backward(*inputs)))
+    lib.impl("silu_mul", wrong, "Autograd", with_keyset=True, allow_override=True)
+    try:
+        assert run_cases(L04, backward_missing_term, "backward") != []
+        assert run_cases(L04, solution_namespace(L04)["swiglu_mlp"], "swiglu_mlp") == []
+        assert op(torch.empty(3, 4, device="meta"), torch.empty(3, 4, device="meta")).shape == ()
+    finally:
+        lib._destroy()
+
+
 def record_schema_second_solution():
     # a right answer written differently: out and amax keyword-only (the out= convention), other alias letters
     return "(Tensor(g!) gate, Tensor up, *, Tensor(o!) out, Tensor(m!) amax) -> ()"
@@ -283,15 +444,19 @@ def kernel_results(tmp_path_factory):
     return run_in_child(L04, "silu_mul_body", candidates, tmp_path_factory.mktemp("kernels"))
 
 
+BUILT_IN_A_CHILD = {"silu_mul_body": "kernel_results", "silu_mul_stable_source": "stable_results"}
+
+
 def kernel_failures(w, request):
-    """A C++ body's cases build it: they ran in the child, with the others."""
-    if w.function == "silu_mul_body":
-        return dict(request.getfixturevalue("kernel_results")[w.name])
+    """A C++ source's cases build it: they ran in the child, with the others."""
+    if w.function in BUILT_IN_A_CHILD:
+        return dict(request.getfixturevalue(BUILT_IN_A_CHILD[w.function])[w.name])
     return dict(run_cases(w.lab, w.fn, w.function))
 
 
 def kernel_solution(function, request, tmp_path):
-    return request.getfixturevalue("kernel_results")["solution"] if function == "silu_mul_body" else None
+    fixture = BUILT_IN_A_CHILD.get(function)
+    return request.getfixturevalue(fixture)["solution"] if fixture else None
 
 
 WRONG = [
@@ -350,6 +515,31 @@ WRONG = [
           "the kernel's arguments, by name and in order", "the op's name is added for you"),
     Wrong(L04, "silu_mul_record_schema", "returns-list", record_schema_returns_list, "what the op returns",
           "has no value of its own to return"),
+    Wrong(L04, "silu_mul_stable_source", "classic-parallel-for", STABLE_SOURCES["classic-parallel-for"],
+          "includes only stable-ABI headers", "the headers under torch/csrc/stable and torch/headeronly", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "torch-library-impl", STABLE_SOURCES["torch-library-impl"],
+          "registers with the stable ABI's macro", "a stable library registers with STABLE_TORCH_LIBRARY_IMPL",
+          slow=True),
+    Wrong(L04, "silu_mul_stable_source", "no-torch-box", STABLE_SOURCES["no-torch-box"], "hands m.impl a boxed kernel",
+          "TORCH_BOX(&your_function) makes one", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "torch-check", STABLE_SOURCES["torch-check"],
+          "builds and loads (TORCH_TARGET_VERSION 2.10.0)", "the classic TORCH_CHECK", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "defines-the-op", STABLE_SOURCES["defines-the-op"],
+          "adds the CPU kernel of labs_ext::silu_mul", "Defining the namespace again", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "undef-target", STABLE_SOURCES["undef-target"],
+          "imports no C++ symbol of libtorch", "keep TORCH_TARGET_VERSION defined", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "serial", STABLE_SOURCES["serial"], "splits the work over torch's threads",
+          "with the stable ABI's parallel_for", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "float-only", STABLE_SOURCES["float-only"], "bfloat16 (2, 5, 129)",
+          "the four dtypes the classic kernel dispatched on", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "float-acc", STABLE_SOURCES["float-acc"], "float64 (3, 33), to 1e-10",
+          "compute float64 in double", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "no-contiguous", STABLE_SOURCES["no-contiguous"], "a transposed gate",
+          "made both inputs contiguous", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "no-shape-check", STABLE_SOURCES["no-shape-check"],
+          "different shapes are rejected", "gates and ups of different shapes or dtypes", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "output-aliases-gate", STABLE_SOURCES["output-aliases-gate"],
+          "opcheck passes (float32, 3 x 5)", "the kernel must allocate its output", slow=True),
 ]
 
 SECOND_SOLUTIONS = [("silu_mul_fake", fake_second_solution), ("backward", backward_second_solution),
@@ -357,9 +547,12 @@ SECOND_SOLUTIONS = [("silu_mul_fake", fake_second_solution), ("backward", backwa
 
 NO_BUILD_HERE = ("the harness gives the reference's values without a build; the solution notebook's body, built in "
                  "the child, is the test of a right kernel")
+NO_STABLE_BUILD_HERE = ("the harness gives the reference's values without a build; the solution notebook's source, "
+                        "built in the child, is the test of a right port")
 
 globals().update(lab_tests(L04, WRONG, SECOND_SOLUTIONS, visible=True, failures=kernel_failures,
                            solution=kernel_solution, fixtures={"swiglu_mlp": "silu_mul_registered"},
-                           no_reference={"silu_mul_body": NO_BUILD_HERE},
+                           no_reference={"silu_mul_body": NO_BUILD_HERE,
+                                         "silu_mul_stable_source": NO_STABLE_BUILD_HERE},
                            reference_exempt={"swiglu_mlp": {"calls labs_ext.silu_mul"}},   # plain PyTorch
-                           slow_solutions=("silu_mul_body",)))
+                           slow_solutions=("silu_mul_body", "silu_mul_stable_source")))

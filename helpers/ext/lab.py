@@ -9,17 +9,25 @@ template and the checks that say which part failed.
 Importing this module defines only the schema: the CPU kernel, the fake kernel and the autograd
 formula are the learner's. Every check takes the op as an argument, so it can test any op with the
 same signature.
+
+    lab.build_stable(SOURCE)     # a whole C++ file against the stable ABI, as the CPU kernel of an op of its own
+    lab.stable_op(SOURCE)        # that op: the schema of labs_ext::silu_mul, the reference fake and autograd
 """
 from __future__ import annotations
 
+import hashlib
+import re
+import struct
+import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from helpers.checks import distinct, fail, passed
-from helpers.ext import NAMESPACE, SOURCES, BuildError, Built, build_and_load
+from helpers.ext import NAMESPACE, SOURCES, STABLE_TARGET, BuildError, Built, build_and_load
 
 TEMPLATE = (SOURCES / "silu_mul_cpu_template.cpp").read_text()
 BODY_MARKER = "  // LAB: the loop body goes here\n"
@@ -79,6 +87,118 @@ def register_reference_kernel() -> None:
     """Where no C++ compiler exists: the PyTorch reference stands in as the CPU kernel, so the rest of
     the lab (fake kernel, autograd, opcheck, torch.compile) still runs."""
     _LIB.impl("silu_mul", silu_mul_reference, "CPU")
+
+
+def reference_backward(ctx, grad):
+    """The op's gradients through aten's silu_backward: what exercise 4 and the stable-ABI op are graded with."""
+    gate, up = ctx.saved_tensors
+    return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
+
+
+def save_inputs(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+# --- The same kernel against the LibTorch stable ABI (exercise 6) --------------------------------------
+
+STABLE_FLAGS = ("-O3", f"-DTORCH_TARGET_VERSION={STABLE_TARGET}")   # as helpers.ext.load_stable_kernel builds
+STABLE_IMPL = re.compile(rf"\bSTABLE_TORCH_LIBRARY_IMPL\s*\(\s*{NAMESPACE}\s*,")
+DEFINES = re.compile(r"\bSTABLE_TORCH_LIBRARY(?:_FRAGMENT)?\s*\(")
+_STABLE_LIBS: dict[str, torch.library.Library] = {}      # namespace -> the op's definition, for the process
+_STABLE_FAILED: dict[str, BaseException] = {}            # source -> why it did not build or load
+
+
+def stable_namespace(source: str) -> str:
+    return "labs_stable_" + hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def stable_op(source: str):
+    """The op `source` implements: silu_mul(Tensor gate, Tensor up) -> Tensor in a namespace named after the
+    source, with the reference fake kernel and autograd formula (defined once per process)."""
+    namespace = stable_namespace(source)
+    if namespace not in _STABLE_LIBS:
+        lib = torch.library.Library(namespace, "DEF")
+        lib.define("silu_mul(Tensor gate, Tensor up) -> Tensor")
+        torch.library.register_fake(f"{namespace}::silu_mul", silu_mul_reference, lib=lib)
+        torch.library.register_autograd(f"{namespace}::silu_mul", reference_backward, setup_context=save_inputs,
+                                        lib=lib)
+        _STABLE_LIBS[namespace] = lib
+    return getattr(torch.ops, namespace).silu_mul.default
+
+
+def build_stable(source: str, verbose: bool = False) -> Built:
+    """Build a whole C++ file with TORCH_TARGET_VERSION 2.10.0 (any torch header outside the stable ABI then
+    stops the build with an #error) and load it. Its STABLE_TORCH_LIBRARY_IMPL(labs_ext, ...) block is built
+    for stable_op(source) instead, so each source is an op of its own and replaces no other kernel (exercise 1's
+    included). A source that does not build is reported again, not rebuilt, for the life of the process."""
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError("the stable kernel must be a non-empty string: a whole C++ file")
+    if source in _STABLE_FAILED:
+        raise _STABLE_FAILED[source]
+    if DEFINES.search(source):
+        raise ValueError(f"the source defines a namespace (STABLE_TORCH_LIBRARY): {SILU_MUL} and its schema exist "
+                         "already, and loading a second definition of a namespace crashes the process; the library "
+                         "adds a kernel only")
+    namespace = stable_namespace(source)
+    stable_op(source)
+    try:
+        return build_and_load("labs_ext_stable", STABLE_IMPL.sub(f"STABLE_TORCH_LIBRARY_IMPL({namespace},", source),
+                              extra_cflags=STABLE_FLAGS, verbose=verbose)
+    except (BuildError, OSError) as exc:    # OSError: the library would not load
+        _STABLE_FAILED[source] = exc
+        raise
+
+
+def compiler_error_lines(log: str) -> list[str]:
+    """The compiler's own error lines in a build log ('file:line:col: error: ...'), each file by its name."""
+    return [re.sub(r"^\S*?([\w.]+):(\d+):(\d+):", r"\1:\2:\3:", line.strip())
+            for line in log.splitlines() if re.match(r"^\S+:\d+:\d+: (fatal )?error:", line.strip())]
+
+
+def unstable_headers(log: str) -> list[str]:
+    """The torch headers whose #error stopped a build that targets a version (they are not the stable ABI's)."""
+    found = re.findall(r"include/(\S+?\.h):\d+:\d+: error: #error \"This file should not be included", log)
+    return list(dict.fromkeys(found))
+
+
+def imported_symbols(library: Path | str) -> list[str]:
+    """The symbols a shared library expects other libraries to define (what `nm -D --undefined-only` lists),
+    read from its ELF dynamic symbol table; other formats (Mach-O) through `nm -u`."""
+    data = Path(library).read_bytes()
+    if data[:4] != b"\x7fELF":
+        listing = subprocess.run(["nm", "-u", str(library)], capture_output=True, text=True, check=True).stdout
+        return [line.split()[-1][1:] for line in listing.splitlines() if line.strip()]   # Mach-O adds a '_'
+    section_offset, = struct.unpack_from("<Q", data, 0x28)
+    entry_size, count = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * entry_size) for i in range(count)]
+    names = []
+    for _, kind, _, _, offset, size, link, _, _, symbol_size in sections:
+        if kind != 11:          # SHT_DYNSYM
+            continue
+        strings = sections[link][4]
+        for at in range(offset, offset + size, symbol_size):
+            name, _, _, section = struct.unpack_from("<IBBH", data, at)
+            if name and section == 0:       # SHN_UNDEF: defined elsewhere
+                names.append(data[strings + name:data.index(b"\0", strings + name)].decode())
+    return names
+
+
+LIBTORCH_CPP = re.compile(r"^_Z(?:T[VIS])?N[rVKRO]*(?:2at|3c10|5torch|6caffe2)")   # at::, c10::, torch::, caffe2::
+
+
+def libtorch_cpp_symbols(symbols: list[str]) -> list[str]:
+    """The mangled C++ names among `symbols` that belong to libtorch's namespaces: a later torch that changes or
+    stops exporting one of them cannot load the library."""
+    return [s for s in symbols if LIBTORCH_CPP.match(s)]
+
+
+def demangled(symbols: list[str]) -> list[str]:
+    """The names as C++ reads them (c++filt), or as they are where c++filt is missing."""
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(symbols), capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return symbols
+    return out.stdout.splitlines()
 
 
 # --- Checks --------------------------------------------------------------------------------------

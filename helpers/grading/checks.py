@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import dis
 import importlib
 import inspect
 import os
@@ -39,9 +40,10 @@ from helpers.grading.judge import RECORDER_OFF, judge_case
 
 def _code_keys(target) -> list:
     """The keys of a function's code, or of every function defined in a class: (file, first line); for a
-    function of some size, also its code's body (bytecode, names, constants), which a copy compiled from the
-    same source under another file name shares (short bodies, and a class's methods, are too common to tell
-    a copy from a learner's own code)."""
+    function of some size, also its body (BODY, names it reads, its instructions as _instructions gives them),
+    which a copy shares under any file or function name, with its locals renamed, without its docstring, in
+    a cell that imports torch elsewhere (short bodies, and a class's methods, are too common to tell a copy
+    from a learner's own code)."""
     target = inspect.unwrap(target)
     if inspect.isclass(target):
         members = [inspect.unwrap(v) for v in vars(target).values() if inspect.isfunction(v)]
@@ -49,14 +51,36 @@ def _code_keys(target) -> list:
     code = getattr(target, "__code__", None)
     if code is None:
         return []
-    return [(code.co_filename, code.co_firstlineno)] + ([_body(code)] if len(code.co_code) >= MIN_BODY_BYTES else [])
+    body = _instructions(code)
+    return [(code.co_filename, code.co_firstlineno)] + ([(BODY, code.co_names, body)] if len(body) >= MIN_BODY else [])
 
 
-MIN_BODY_BYTES = 120
+BODY, MIN_BODY = "body", 24
+# What differs between copies of one source: the compiler's choice of a method call or an attribute load (it
+# depends on whether the module imports the name), the NULL it pushes for a call, bookkeeping instructions.
+_SAME_AS = {"LOAD_METHOD": "LOAD_ATTR", "CALL_METHOD": "CALL"}
+_IGNORED = {"NOP", "RESUME", "CACHE", "PUSH_NULL", "PRECALL", "EXTENDED_ARG", "COPY_FREE_VARS", "MAKE_CELL"}
 
 
-def _body(code) -> tuple:
-    return code.co_code, code.co_names, tuple(c for c in code.co_consts if not inspect.iscode(c))
+def _instructions(code) -> tuple:
+    """A function's instructions as a copy of its source keeps them whatever it renames: each opcode with the
+    global, attribute or constant it uses (code objects by their own instructions), its locals numbered in
+    order of first use, jumps without their targets."""
+    locals_seen: dict = {}
+    out = []
+    for ins in dis.get_instructions(code):
+        op = _SAME_AS.get(ins.opname, ins.opname)
+        if op in _IGNORED:
+            continue
+        if ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs:
+            out.append((op,))
+        elif ins.opcode in dis.haslocal or ins.opcode in dis.hasfree:
+            out.append((op, locals_seen.setdefault(ins.argval, len(locals_seen))))
+        elif inspect.iscode(ins.argval):
+            out.append((op, _instructions(ins.argval)))
+        else:
+            out.append((op, repr(ins.argval)))
+    return tuple(out)
 
 
 # Python functions that compute a torch op of the same name without dispatching it (decompositions), and
@@ -82,8 +106,11 @@ def forbidden_code(forbidden) -> dict:
                     target = getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError):   # optional packages: nothing to forbid where absent
                 continue
+            # The grader's own right answers (helpers.grading) are refused when called, not when their code
+            # is written again: a learner's own right answer may be the same few lines.
             for key in _code_keys(target):
-                keys[key] = name
+                if not (key[0] == BODY and module.startswith("helpers.grading.")):
+                    keys[key] = name
     return keys
 
 
@@ -142,9 +169,13 @@ def record_calls(run: Callable[[], object], forbidden) -> tuple[object, list[str
     codes = forbidden_code(forbidden)
     plain = {n for n in forbidden if "." not in n}
 
+    bodies = {key[1] for key in codes if key[0] == BODY}   # the names each body reads: few calls share them
+
     def profile(frame, event, arg):
         if event == "call":
-            hit = codes.get((frame.f_code.co_filename, frame.f_code.co_firstlineno)) or codes.get(_body(frame.f_code))
+            code = frame.f_code
+            hit = codes.get((code.co_filename, code.co_firstlineno)) or (
+                code.co_names in bodies and codes.get((BODY, code.co_names, _instructions(code))))
             if hit:
                 names.add(hit)
 

@@ -24,6 +24,7 @@ from helpers.device import capabilities
 from helpers.env import FIGURES_LOG_ENV, HEADLESS_ENV, SECTION_LOG_ENV
 from helpers.files import read_json_lines, write_text_atomic
 from helpers.manifest import REPO, entries
+from helpers.notebooks import code_sha256, read
 from helpers.progress import PROGRESS_ENV
 
 NOTEBOOK_TIMEOUT_S = 240
@@ -135,7 +136,8 @@ def run_twin(path: str, out_dir: Path, timeout_s: float) -> dict:
             "detail": "" if fault is None else f"ran past {timeout_s:.0f} s" if code is None else " / ".join(tail)[-400:],
             "error": None if fault is None else {"ename": fault, "evalue": " / ".join(tail)[-400:]},
             "sections": read_json_lines(sections), "figures": read_json_lines(figures), "started": start, "finished": time.time(),
-            "seconds": round(time.time() - start, 2), "executed": None, "runner": "script"}
+            "seconds": round(time.time() - start, 2), "executed": None, "runner": "script",
+            "code_sha256": code_sha256(read(notebook))}
 
 
 def run_scripts(out_dir: str | Path, *, paths: list[str] | None = None, workers: int | None = None,

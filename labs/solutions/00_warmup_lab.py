@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | how a lab works: write code where a stub raises `NotImplementedError`, run the check below it, read its hint; what a softmax must do with a fully masked row; how to write a function that runs on any device without reading values back to Python |
+# | **What you will learn** | how a lab works: write code where a stub raises `NotImplementedError`, run the check below it, read its hint; what a softmax must do with a fully masked row; how to write a function that runs on any device without reading values back to Python; where float16's range breaks a formula that is right in float32, and how to stay accurate without a float32 copy of the input |
 # | **Prerequisites** | lesson 00 |
 # | **Hardware** | any CPU; exercise 1 is also checked on the meta device, which shows whether the code would run on an accelerator unchanged |
-# | **Time** | 15 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
+# | **Time** | 34 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. A check prints `✅ ... passed`, or stops with `❌` and
 # a hint saying what was wrong (type, shape, dtype, values). `check(LAB, function)` runs the visible
@@ -44,6 +44,7 @@ import torch
 
 from helpers.device import pick_device, quick_mode
 from helpers.grading.checks import check
+from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -94,11 +95,24 @@ print(DEVICE, softmax(scores, dim=-1).cpu())
 
 
 # %% [markdown]
-# ## Exercise 2: reject bad input with a clear error
+# ## Exercise 2: an RMSNorm that float16 does not break
 #
-# `rms_norm(x, weight, eps)` normalises the last dimension: `x / sqrt(mean(x**2) + eps) * weight`,
-# with plain tensor operations (no `torch.nn.functional.rms_norm`).
-# Raise a `ValueError` that says what to do when `weight`'s length does not match `x`'s last dimension.
+# `rms_norm(x, weight, eps)` normalises the last dimension: `x / sqrt(mean(x**2) + eps) * weight`, with plain
+# tensor operations (no `torch.nn.functional.rms_norm`). It must:
+#
+# - raise a `ValueError` that says what to do when `weight`'s length does not match `x`'s last dimension;
+# - take `x` in float32, float16 or bfloat16 (`weight` in the same dtype), whose rows may be small (entries
+#   around 1e-4) or large (entries up to 60000), and return `x`'s dtype: within a few roundings of that dtype
+#   of the formula computed in float64 (the check allows a relative 4e-3 in float16 and 2e-2 in bfloat16, plus
+#   2e-3 and 1.6e-2 absolute);
+# - give zeros for a row of zeros;
+# - make no tensor as large as `x` in a wider dtype (`x.float()` of a float16 `x` is one). On a GPU an RMSNorm
+#   takes the time its bytes take to move: the function itself reads `x` and writes the result, and a float32
+#   copy of `x` writes twice `x`'s bytes and reads them back. The check records the tensors your function's
+#   operations make.
+#
+# Before you choose how to compute it, work out what the formula as written does in each dtype, at both ends
+# of that range.
 
 # %%
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -106,9 +120,81 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"weight has shape {tuple(weight.shape)} but x's last dimension is {x.shape[-1]}: "
                          f"pass a weight of shape ({x.shape[-1]},)")
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    # float16's squares are inf past |x| = 256 and lose their digits below about 8e-3: square x over its row's
+    # largest |entry| (in [-1, 1]), and put that scale back on one float32 number per row
+    s = x.abs().amax(-1, keepdim=True)
+    s = torch.where(s == 0, torch.ones_like(s), s)                  # a row of zeros: 0 / 1, not 0 / 0
+    mean_sq = (x / s).pow(2).mean(-1, keepdim=True).float() * s.float().pow(2)
+    return x * torch.rsqrt(mean_sq + eps).to(x.dtype) * weight       # cast first: x times float32 is float32
     ### END SOLUTION
 
 
 # %% tags=["nbval-check-output"]
 check("00_warmup_lab", rms_norm)
+
+# %% [markdown]
+# ### Where float16 runs out
+#
+# The formula as written squares `x` in its own dtype. Before you run the next cells:
+
+# %% tags=["predict"]
+overflow_guess = predict("From what size of entry is x**2 inf in float16?", unit="", example=1000)
+
+# %%
+candidates = torch.arange(200, 300, 0.25, dtype=torch.float16)
+first_inf = candidates[torch.isinf(candidates * candidates)][0].item()
+print(f"float16's largest value: {torch.finfo(torch.float16).max:.0f}; the first entry whose square is inf: "
+      f"{first_inf:g}; bfloat16's largest value: {torch.finfo(torch.bfloat16).max:.3g}")
+
+# %% tags=["reveal"]
+reveal(overflow_guess, first_inf,
+       why="float16 has 5 exponent bits: its largest value is 65504, and the square root of that is 255.9, so an "
+           "entry of 256 already squares to inf, and the formula as written returns zeros for its row. bfloat16 "
+           "has float32's 8 exponent bits (largest 3.4e38) and only 8 bits of precision: its squares overflow "
+           "nowhere near these sizes, its roundings are what cost accuracy.", tolerance=1.05);
+
+# %% [markdown]
+# The formula as written, a float32 copy, torch's own `rms_norm` and yours, on a float16 batch on `DEVICE`
+# whose row 3 holds entries of about 1000: each one's largest error against the formula in float64 (on the
+# CPU), and the tensors of `x`'s size its operations make in float32 (`tensors_made`, what the check records).
+
+# %%
+import math
+
+from helpers.grading.harnesses.lab00 import tensors_made
+
+x16 = torch.randn(8, 4096, device=DEVICE).half()
+x16[3] *= 1000
+w16 = torch.rand(4096, device=DEVICE).half() + 0.5
+xd = x16.cpu().double()
+exact = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w16.cpu().double()
+
+
+def as_written(x, weight, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def float32_copy(x, weight, eps=1e-6):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
+
+
+def torch_rms_norm(x, weight, eps=1e-6):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+for name, fn in [("as written", as_written), ("float32 copy", float32_copy), ("torch's rms_norm", torch_rms_norm),
+                 ("yours", rms_norm)]:
+    out, made = tensors_made(fn, x16, w16)
+    wide = [shape for _, dtype, shape in made if dtype.itemsize > 2 and math.prod(shape) >= x16.numel()]
+    error = (out.cpu().double() - exact).abs().max().item()
+    print(f"{name:>16}: largest error {error:9.3g}, {len(wide)} float32 tensor(s) of x's size "
+          f"({len(wide) * x16.numel() * 4 / 2**10:.0f} KiB)")
+
+# %% [markdown]
+# Where the line for torch's own `rms_norm` shows float32 tensors of `x`'s size, its unfused path upcasts
+# `x` as a whole (on the CPU, in 2.10 and 2.13): accurate, at the price of those bytes. A fused kernel's upcast
+# costs no memory traffic: it loads float16 and computes in float32 in registers, as Inductor's Triton kernels do
+# (`torch._inductor.config.triton.codegen_upcast_to_fp32`, True by default in 2.10). In eager mode every
+# operation writes its whole result to memory, so there the choice of what to compute in which dtype is
+# yours.

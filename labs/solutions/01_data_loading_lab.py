@@ -6,7 +6,7 @@
 # | **What you will learn** | to find and remove the shared state that breaks a transform on threads (a shared buffer, the global RNG); to seed per item so threaded results equal the serial ones bit for bit; to make a race show every time instead of sometimes; to write an ordered thread loader whose read-ahead you choose (not `Executor.map`, which reads everything) and measure the gain; to choose threads or processes, and how many, from costs measured on your machine, and to hold that choice against a real run |
 # | **Prerequisites** | lesson 01 (free-threaded data loading) |
 # | **Hardware** | any CPU; the speed-up is measured, not checked, and shows only with 2 or more cores |
-# | **Time** | 50 minutes |
+# | **Time** | 59 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
 #
 # Each exercise cell is followed by a check cell. A check prints `✅ ... passed`, or stops with `❌` and a

@@ -6,8 +6,8 @@
 # | **What you will learn** | how a combo kernel's launch grid is sized when each part has its own block size; how each program finds its part from its program id; when Inductor dispatches a combo kernel round-robin and what that costs in idle programs; how to predict, then measure, how many kernel functions `torch.compile` generates; whether to turn `combo_kernels` on for an optimizer step, decided from the launches in Inductor's output code and what a step costs on the host and on the GPU, then held against an H200's measurements |
 # | **Prerequisites** | lesson 02 (horizontal fusion and combo kernels) |
 # | **Hardware** | any CPU. Exercise 2 needs Triton (`pip install triton`): on a CPU it runs under Triton's interpreter, on a GPU compiled |
-# | **Time** | 60 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-04), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
+# | **Time** | 64 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-04) |
 #
 # Each exercise cell is followed by a check cell: `✅ ... passed`, or `❌` with a hint. `check(LAB, function)`
 # runs the visible cases of the lab's grading spec (`helpers/grading/specs/lab02.py`); `python -m helpers

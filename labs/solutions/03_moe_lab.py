@@ -6,7 +6,7 @@
 # | **What you will learn** | to write the MoE token permutation (sort by expert, int32 END offsets) and the regular-GEMM fallback that `grouped_mm` uses on CPU and ROCm; to run the expert feed-forward on each expert's own rows, without padding, and measure it against padded `bmm` on a skewed split; to lay the routed rows out in groups that start at a multiple of 16, as the GPU's grouped GEMM needs for some layouts, with no value read back to the host |
 # | **Prerequisites** | lesson 03 (grouped GEMM for mixture-of-experts) |
 # | **Hardware** | any CPU; the same code runs on a GPU |
-# | **Time** | 45 minutes |
+# | **Time** | 51 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
 #
 # Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the

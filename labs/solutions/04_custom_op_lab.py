@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | write the loop body of a C++ CPU kernel (`silu_mul`, the core of a SwiGLU MLP), register a fake kernel and an autograd formula for it with `torch.library`, pass `torch.library.opcheck`, and use the op in a `torch.compile`d MLP with no graph breaks, and time your kernel against eager PyTorch and `torch.compile`; then read an op's kernel and write the schema that declares what it writes, proven by `opcheck` |
+# | **What you will learn** | write the loop body of a C++ CPU kernel (`silu_mul`, the core of a SwiGLU MLP), register a fake kernel and an autograd formula for it with `torch.library`, pass `torch.library.opcheck`, and use the op in a `torch.compile`d MLP with no graph breaks, and time your kernel against eager PyTorch and `torch.compile`; then read an op's kernel and write the schema that declares what it writes, proven by `opcheck`; and port the kernel to the LibTorch stable ABI, so that one build loads in torch 2.10 and later releases |
 # | **Prerequisites** | lesson 04 (XPU, SYCL and custom ops) |
-# | **Hardware** | any CPU. Exercise 1 and the timing need a C++ compiler and ninja; without them the PyTorch reference stands in for your kernel, the lab says so, and exercises 2-4 still run |
-# | **Time** | 50 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
+# | **Hardware** | any CPU. Exercises 1 and 6 and the timing need a C++ compiler and ninja; without them the PyTorch reference stands in for your kernel, the lab says so, and exercises 2-5 still run |
+# | **Time** | 80 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # The op is `labs_ext::silu_mul(Tensor gate, Tensor up) -> Tensor`: `out = silu(gate) * up`, with
 # `silu(g) = g / (1 + exp(-g))`. Llama-style models compute it in every feed-forward block:
@@ -221,8 +221,8 @@ lab.check_opcheck()
 # What is checked: the values against plain PyTorch, that the op is really called (not `F.silu(...) *
 # ...`), and the function compiled with `fullgraph=True` (the `aot_eager` backend: tracing with your fake
 # kernel and your autograd formula): its output and the gradients of `x` and the three weights. A hidden
-# case repeats the compiled check with other sizes. While these cases run, the PyTorch reference is the
-# op's CPU kernel, so this exercise is graded on its own, whatever exercise 1 gave.
+# case repeats the compiled check with other sizes. While these cases run, the op's CPU kernel, fake kernel
+# and autograd formula are the reference's, so this exercise is graded on its own, whatever exercises 1-3 gave.
 
 # %%
 def swiglu_mlp(x, w_gate, w_up, w_down):
@@ -278,12 +278,146 @@ def silu_mul_record_schema() -> str:
 check("04_custom_op_lab", silu_mul_record_schema)
 
 # %% [markdown]
+# ## Exercise 6: the same kernel against the stable ABI
+#
+# The library exercise 1 built expects libtorch to define C++ symbols for it (the cell after the check
+# lists them): a torch release that changes or drops one of them cannot load it, so each torch needs its own
+# build. Lesson 04's `rms_norm_stable.cpp` was built against the **LibTorch stable ABI**, which
+# pytorch/tutorials' `cpp_custom_ops.rst` recommends from 2.10 on, and one build of it loads in 2.10 and in
+# later releases. Port `silu_mul`'s CPU kernel to it: `silu_mul_stable_source()` returns a whole C++ file,
+# written from the template below and your exercise-1 body. The library must
+#
+# 1. **load in torch 2.10 and every later torch**: the cell after yours builds it with
+#    `-DTORCH_TARGET_VERSION=0x020a000000000000` (2.10.0), under which every torch header outside
+#    `torch/csrc/stable` and `torch/headeronly` stops the build with an `#error`; and it may expect no C++
+#    symbol of libtorch (`at::`, `c10::`, `torch::`) to be defined for it, only C functions of torch's shim;
+# 2. **add the CPU kernel of `labs_ext::silu_mul`**, whose schema exists already (defined from Python);
+# 3. **behave as the classic kernel**: the same four dtypes and the same arithmetic (float and the 16-bit
+#    types computed in float, float64 in double, rounded once), the same refusals (a gate and an up of
+#    different shapes or dtypes), a contiguous output whatever the inputs' strides, and the elements split
+#    over torch's intra-op threads.
+#
+# Which stable counterpart replaces each classic name, and what to write yourself where the stable headers
+# have none, is yours to find: the headers are in the installed torch (`torch/include/torch/csrc/stable/`,
+# `torch/include/torch/headeronly/`), and an `#error` names the include that has to go.
+#
+# The cell after yours builds the file (a few seconds; an unchanged source is not rebuilt) and loads it for an
+# op of its own: the namespace `labs_ext` in your registration block is replaced by one named after the
+# source, so each version you build is a new op (the same schema, with the reference fake kernel and autograd
+# formula) and none replaces exercise 1's kernel.
+#
+# What is checked: the build, and what stopped it when it failed (a classic header, a classic registration,
+# a kernel `m.impl` cannot take); that the library adds `labs_ext::silu_mul`'s CPU kernel; its imports (the
+# symbols `nm -D --undefined-only` lists): no C++ symbol of libtorch (the central point: missing it caps the
+# exercise at a quarter of its points), and torch's `parallel_for` among them; the values against the
+# reference for float32, bfloat16, float16 and float64 (to 1e-10) and for a transposed gate; that different
+# shapes raise a `RuntimeError`; and `torch.library.opcheck` on float32 inputs. Hidden cases add an empty
+# tensor, one float16 element, 4099 elements on two threads, a permuted 3-D gate, different dtypes and
+# `opcheck` on bfloat16.
+
+# %%
+print(lab.TEMPLATE)
+
+
+# %%
+def silu_mul_stable_source() -> str:
+    """A whole C++ file: silu_mul's CPU kernel against the stable ABI."""
+    ### BEGIN SOLUTION
+    return r"""// silu_mul against the LibTorch stable ABI: only torch/csrc/stable and torch/headeronly headers.
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/Dispatch.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/macros/Macros.h>
+
+#include <cmath>
+#include <type_traits>
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+template <typename scalar_t>
+void silu_mul_chunk(const scalar_t* gate, const scalar_t* up, scalar_t* out, int64_t begin, int64_t end) {
+  using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+  for (int64_t i = begin; i < end; ++i) {
+    const acc_t g = static_cast<acc_t>(gate[i]);
+    out[i] = static_cast<scalar_t>(g / (acc_t(1) + std::exp(-g)) * static_cast<acc_t>(up[i]));
+  }
+}
+
+template <typename scalar_t>
+void run(const Tensor& g, const Tensor& u, Tensor& out) {
+  const scalar_t* gp = g.const_data_ptr<scalar_t>();
+  const scalar_t* up = u.const_data_ptr<scalar_t>();
+  scalar_t* op = out.mutable_data_ptr<scalar_t>();
+  torch::stable::parallel_for(0, g.numel(), 4096, [&](int64_t begin, int64_t end) {
+    silu_mul_chunk<scalar_t>(gp, up, op, begin, end);
+  });
+}
+
+Tensor silu_mul_stable(const Tensor& gate, const Tensor& up) {
+  STD_TORCH_CHECK(gate.dim() == up.dim(), "silu_mul: gate and up must have the same shape");
+  for (int64_t d = 0; d < gate.dim(); ++d) {
+    STD_TORCH_CHECK(gate.size(d) == up.size(d), "silu_mul: gate and up must have the same shape");
+  }
+  STD_TORCH_CHECK(gate.scalar_type() == up.scalar_type(), "silu_mul: gate and up must have the same dtype");
+  const Tensor g = torch::stable::contiguous(gate);
+  const Tensor u = torch::stable::contiguous(up);
+  Tensor out = torch::stable::empty_like(g);
+  THO_DISPATCH_SWITCH(g.scalar_type(), "silu_mul_stable",
+      THO_DISPATCH_CASE(ScalarType::Float, [&] { run<scalar_t>(g, u, out); })
+      THO_DISPATCH_CASE(ScalarType::Double, [&] { run<scalar_t>(g, u, out); })
+      THO_DISPATCH_CASE(ScalarType::BFloat16, [&] { run<scalar_t>(g, u, out); })
+      THO_DISPATCH_CASE(ScalarType::Half, [&] { run<scalar_t>(g, u, out); }));
+  return out;
+}
+
+STABLE_TORCH_LIBRARY_IMPL(labs_ext, CPU, m) {
+  m.impl("silu_mul", TORCH_BOX(&silu_mul_stable));
+}
+"""
+    ### END SOLUTION
+
+
+# %%
+if HAVE_CXX:
+    stable_source = silu_mul_stable_source()
+    built_stable = lab.build_stable(stable_source)
+    silu_mul_stable = lab.stable_op(stable_source)
+    print(f"{built_stable.path.name}: {'loaded from the cache' if built_stable.cached else 'built'} (build took "
+          f"{built_stable.build_s:.1f} s when it ran); your kernel is the CPU kernel of {silu_mul_stable._schema.name}")
+else:
+    print("No C++ compiler: exercise 6 is not built here.")
+
+# %% tags=["nbval-check-output"]
+if HAVE_CXX:
+    check("04_custom_op_lab", silu_mul_stable_source)
+else:
+    print("Exercise 6: not checked (no C++ compiler here)")
+
+# %% [markdown]
+# What each library expects libtorch to define for it, read from its dynamic symbol table (what
+# `nm -D --undefined-only` lists): the classic library names C++ functions and classes of `at::` and `c10::`,
+# whose mangled names change when a signature does; the stable one names only C functions of torch's shim,
+# which torch keeps from release to release.
+
+# %%
+if HAVE_CXX:
+    for name, library in (("exercise 1, classic", built.path), ("exercise 6, stable ABI", built_stable.path)):
+        symbols = lab.imported_symbols(library)
+        cpp = lab.libtorch_cpp_symbols(symbols)
+        shim = [s for s in symbols if s.startswith(("aoti_torch_", "torch_"))]
+        print(f"{name}: {len(cpp)} C++ symbols of libtorch, {len(shim)} C functions of its shim; for example "
+              f"{(lab.demangled(cpp) or shim)[:3]}")
+
 # ## How fast is your kernel?
 #
-# A custom op is worth its C++ only if it beats what PyTorch already gives. The cell below times three
+# A custom op is worth its C++ only if it beats what PyTorch already gives. The cell below times four
 # ways to compute `silu(gate) * up` on one large float32 tensor pair, on one thread: eager PyTorch
-# (`F.silu(gate) * up`, two kernels and a temporary), your op, and `torch.compile` of the eager
-# expression (Inductor fuses it into one vectorized loop of its own). It prints what it measured here:
+# (`F.silu(gate) * up`, two kernels and a temporary), your op, its stable-ABI port (called through the
+# boxed kernel and the shim, which costs a little per call, nothing per element), and `torch.compile` of the
+# eager expression (Inductor fuses it into one vectorized loop of its own). It prints what it measured here:
 # the ratios are a measurement of this machine, not checked. Your scalar loop calls `std::exp` once
 # per element; Inductor's loop uses SIMD instructions, so do not be surprised if the compiler wins.
 
@@ -295,6 +429,7 @@ if HAVE_CXX:
     compiled = torch.compile(lambda g, u: F.silu(g) * u)
     result = bench.compare({"eager F.silu(g) * u": lambda: F.silu(gate) * up,
                             "labs_ext.silu_mul (yours)": lambda: torch.ops.labs_ext.silu_mul(gate, up),
+                            "stable-ABI port (yours)": lambda: silu_mul_stable(gate, up),
                             "torch.compile (Inductor)": lambda: compiled(gate, up)},
                            baseline="eager F.silu(g) * u", repeats=3 if QUICK else 5,
                            min_run_time=0.02 if QUICK else 0.1, threads=1, device="cpu")
@@ -310,5 +445,7 @@ else:
 # One op, registered piece by piece: a schema (given), a CPU kernel in C++ (exercise 1), a fake
 # kernel (exercise 2) and an autograd formula (exercise 3), proven by `opcheck`, used inside a
 # compiled model (exercise 4) and timed against eager PyTorch and `torch.compile`; then a second op's
-# schema, which declares the arguments its kernel writes (exercise 5). An Intel GPU kernel would be one more file, a `.sycl` source with a `TORCH_LIBRARY_IMPL(labs_ext, XPU, m)` block
+# schema, which declares the arguments its kernel writes (exercise 5); and the kernel against the stable
+# ABI, a library that expects nothing of libtorch but its C shim, so one build serves torch 2.10 and the
+# releases after it (exercise 6). An Intel GPU kernel would be one more file, a `.sycl` source with a `TORCH_LIBRARY_IMPL(labs_ext, XPU, m)` block
 # (lesson 04 shows one for RMSNorm); the fake kernel and the autograd formula would serve it unchanged.

@@ -6,8 +6,8 @@
 # | **What you will learn** | to quantize weights per channel to int8 (or fewer bits) by hand, to feed the int8 weight-only kernel the activation dtype of its fast path, and to ship a model at under a third of the fp32 bytes whose predictions agree with the fp32 model's on at least 97% of inputs; its batch-1 speed against fp32 is measured and printed, not a target; then, on a labelled task (scikit-learn digits), to choose a granularity and a bit width per layer that meet a size budget and an accuracy budget at once, and to ship that plan on the CPU's packed int4 and int8 kernels, deciding per layer what the kernels accept, with the bytes counted from the tensors the model holds |
 # | **Prerequisites** | lesson 05 (sections 1, 2 and 4) |
 # | **Hardware** | any CPU; the same code runs where `torch._weight_int8pack_mm` has a kernel (CUDA, MPS, XPU) |
-# | **Time** | 55 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
+# | **Time** | 66 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # The model below is a classifier whose output channels have very different scales (as trained
 # networks often do). Your job: store its weights as int8 codes with one scale per row (about a quarter

@@ -6,8 +6,8 @@
 # | **What you will learn** | build an SDPA key mask for a padded batch; pack a ragged batch the way `varlen_attn` wants it; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length, and choose the bucket count from what a call costs on this machine; derive a FlexAttention `mask_mod` the lesson does not show (prefix-LM over packed documents) |
 # | **Prerequisites** | lesson 06 |
 # | **Hardware** | any CPU |
-# | **Time** | 50 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
+# | **Time** | 66 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the
 # lab's grading spec (`helpers/grading/specs/lab06.py`), as `python -m helpers grade` does before its

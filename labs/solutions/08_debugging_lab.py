@@ -6,7 +6,7 @@
 # | **What you will learn** | compare two DebugMode hash traces yourself; write a normalisation whose gradient has no NaN at zero (checked with anomaly mode); make a compiled function accept every batch size from 1 to 512 without recompiling (and see why `mark_dynamic` cannot); find the batch size `torch.jit.trace` silently baked into a module, and export a version whose program is the same for every batch size (1 to 512) with `torch.export`; find the layer whose compiled version breaks agreement with eager within a budget of runs, then run that search on blocks Inductor compiles and see what it does to a dropout |
 # | **Prerequisites** | lesson 08 |
 # | **Hardware** | any CPU with a C++ compiler (exercise 5's run compiles with Inductor, whose CPU backend builds C++) |
-# | **Time** | 50 minutes |
+# | **Time** | 59 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); exercise 5 came after that matrix run: its quick run passed on 2.13.0+cpu and 2.10.0+cu128 without a GPU, and on the H200 (2026-12-04) |
 #
 # Each exercise cell is followed by a check cell: `check(LAB, function)` runs the cases the grader's

@@ -6,8 +6,8 @@
 # | **What you will learn** | how to validate a torch upgrade with numbers: the same pipeline under 2.9.1 and 2.10.0 in two environments, run in interleaved rounds; a paired interval for every timing and the smallest change it could have seen; reference outputs that catch numerics drift; how to decide "regression", "no change of that size" or "cannot tell", find an injected slowdown and drift, add a workload of your own, plan the rounds a change needs and test the plan at that size, and what a whole report allows you to claim |
 # | **Prerequisites** | lesson 00 (devices, timing), lesson 03 (`F.grouped_mm`), lesson 08 (reproducibility); basic `nn.Module` training; a logarithm and a standard deviation |
 # | **Hardware** | any CPU (the driver's quick mode takes a few minutes on 2 cores after the downloads); the driver runs on the CPU unless given `--device` |
-# | **Time** | 95 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); claims about 2.10 are checked against PyTorch's sources |
+# | **Time** | 109 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); claims about 2.10 are checked against PyTorch's sources |
 #
 # The 2.10 article ends with a migration checklist: keep baselines for ResNet-50 training throughput,
 # BERT latency over variable sequence lengths, DLRM memory with grouped GEMM and Stable Diffusion

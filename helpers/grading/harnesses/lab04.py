@@ -2,6 +2,7 @@
 tensors and measure what a value cannot show, and what its notebook imports beside `check`."""
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 
@@ -100,14 +101,21 @@ def backward_of(fn, gate, up, grad):
 
 
 class _silu_mul_reference_kernel:
-    """Exercise 4 is graded on its own: while its cases run, the PyTorch reference is the op's CPU kernel,
-    whatever exercise 1 registered (a wrong kernel, or none); the previous kernel is back afterwards."""
+    """Exercise 4 is graded on its own: while its cases run, the op's CPU kernel, fake kernel and autograd formula
+    are the reference's, whatever exercises 1-3 registered (wrong ones, or none); the learner's are back
+    afterwards (each registration is the newest of a stack, which destroying the library pops)."""
     def __enter__(self):
         from helpers.ext import lab
         self.lib = torch.library.Library("labs_ext", "IMPL")
+        op = torch.ops.labs_ext.silu_mul.default
+        autograd = torch._library.autograd.make_autograd_impl(op, torch._library.autograd.Info(
+            lab.reference_backward, lab.save_inputs))
         with warnings.catch_warnings():    # "Overriding a previously registered kernel": on purpose
             warnings.simplefilter("ignore")
             self.lib.impl("silu_mul", lab.silu_mul_reference, "CPU", allow_override=True)
+            self.lib.impl("silu_mul", autograd, "Autograd", with_keyset=True, allow_override=True)
+            torch.library.register_fake("labs_ext::silu_mul", lab.silu_mul_reference, lib=self.lib,
+                                        allow_override=True)
 
     def __exit__(self, *exc):
         self.lib._destroy()
@@ -119,8 +127,8 @@ def swiglu_values(fn, x, w_gate, w_up, w_down):
 
 
 def compiled_with_grads(fn, x, w_gate, w_up, w_down):
-    """fn compiled with fullgraph=True (aot_eager: tracing, fake kernel, autograd); its output and the
-    gradients of x and the three weights. The spec's reference runs eagerly: compiling it would make
+    """fn compiled with fullgraph=True (aot_eager: tracing with the reference's fake kernel and autograd formula);
+    its output and the gradients of x and the three weights. The spec's reference runs eagerly: compiling it would make
     Dynamo read helpers/grading/specs/, which a check cell in the grader's sandbox may not open."""
     with _silu_mul_reference_kernel():
         torch._dynamo.reset()
@@ -249,3 +257,156 @@ def record_declarations(fn) -> str:
     if not missing and not extra:
         return "declares exactly the arguments the kernel writes"
     return f"{missing} argument(s) written but not declared, {extra} declared but only read"
+
+
+# --- Exercise 6: the kernel against the stable ABI ---------------------------------------------------------
+
+class NotBuilt(Exception):
+    """The source did not build or load: the case 'builds and loads' says why (a class of its own, so that a
+    case expecting the kernel's RuntimeError is not passed by it)."""
+
+
+STABLE_HEADERS = "only torch/csrc/stable and torch/headeronly headers"
+STABLE_MACRO = "registers with the stable ABI's macro"
+STABLE_BOXED = "hands m.impl a boxed kernel"
+STABLE_BUILDS = "builds and loads"
+STABLE_REGISTERED = "adds the CPU kernel of labs_ext::silu_mul"
+STABLE_IMPORTS = "no C++ symbol of libtorch"
+STABLE_THREADS = "splits the work with torch's parallel_for"
+CLASSIC_MACRO = re.compile(r"\bTORCH_LIBRARY(?:_IMPL|_FRAGMENT)?\s*\(")    # \b: not STABLE_TORCH_LIBRARY...
+
+
+def _stable(fn):
+    """fn()'s source and what building it gave (helpers.ext.lab.build_stable: once per source): its Built, or
+    the BuildError, OSError or ValueError that stopped it."""
+    from helpers.ext import BuildError, lab
+    source = fn()
+    try:
+        return source, lab.build_stable(source)
+    except (BuildError, OSError, ValueError) as exc:
+        return source, exc
+
+
+def _stable_log(fn) -> tuple[str, str]:
+    """fn()'s source and its failed build's compiler output ("" when it built, or was not built)."""
+    source, built = _stable(fn)
+    return (source if isinstance(source, str) else ""), getattr(built, "log", "")
+
+
+def stable_headers(fn) -> str:
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return STABLE_HEADERS
+    from helpers.ext import lab
+    headers = lab.unstable_headers(_stable_log(fn)[1])
+    return f"includes {', '.join(headers)}, outside the stable ABI (the #error stops the build)" if headers \
+        else STABLE_HEADERS
+
+
+def stable_macro(fn) -> str:
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return STABLE_MACRO
+    source, log = _stable_log(fn)
+    if log and CLASSIC_MACRO.search(source):
+        return "registers with the classic TORCH_LIBRARY macros of torch/library.h, which the build does not know"
+    return STABLE_MACRO
+
+
+def stable_boxed(fn) -> str:
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return STABLE_BOXED
+    if "StableIValue" in _stable_log(fn)[1]:
+        return "hands m.impl a plain C++ function, where it takes void (*)(StableIValue*, uint64_t, uint64_t)"
+    return STABLE_BOXED
+
+
+def stable_builds(fn) -> str:
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return STABLE_BUILDS
+    from helpers.ext import BuildError, lab
+    _, built = _stable(fn)
+    if isinstance(built, BuildError):
+        return "does not build: " + " | ".join(lab.compiler_error_lines(built.log)[:3] or [str(built)[:300]])
+    if isinstance(built, OSError):
+        return f"does not load: {str(built)[:300]}"
+    if isinstance(built, ValueError):
+        return f"not built: {built}"
+    return STABLE_BUILDS
+
+
+def _built(fn):
+    """fn()'s source, built and loaded, and its Built; NotBuilt when it did not build or load."""
+    source, built = _stable(fn)
+    if isinstance(built, Exception):
+        raise NotBuilt(f"your source did not build or load ({type(built).__name__}): the case "
+                       f"'{STABLE_BUILDS}' says why") from None
+    return source, built
+
+
+def stable_registered(fn) -> str:
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return STABLE_REGISTERED
+    from helpers.ext import lab
+    source, built = _stable(fn)
+    if isinstance(source, str) and lab.DEFINES.search(source):
+        return "defines a namespace (STABLE_TORCH_LIBRARY); not loaded, as loading it would crash the process"
+    _built(fn)
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(lab.stable_op(source)._schema.name, "CPU"):
+        return "registers no CPU kernel for labs_ext::silu_mul (m.impl names another op, or another dispatch key)"
+    return STABLE_REGISTERED
+
+
+def _imports(fn) -> list[str]:
+    from helpers.ext import lab
+    return lab.imported_symbols(_built(fn)[1].path)
+
+
+def stable_imports(fn) -> str:
+    """The library's undefined symbols (what `nm -D --undefined-only` lists) that are C++ names of libtorch."""
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return STABLE_IMPORTS
+    from helpers.ext import lab
+    cpp = lab.libtorch_cpp_symbols(_imports(fn))
+    if not cpp:
+        return STABLE_IMPORTS
+    return f"{len(cpp)} C++ symbol(s) of libtorch, e.g. {'; '.join(lab.demangled(cpp[:3]))}"
+
+
+def stable_threads(fn) -> str:
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return STABLE_THREADS
+    if "torch_parallel_for" in _imports(fn):
+        return STABLE_THREADS
+    return "never calls torch's parallel_for (torch_parallel_for is not among its imports): one thread does it all"
+
+
+def stable_silu_mul(fn, gate, up):
+    """The op fn()'s source implements, on (gate, up), with at least two threads (as silu_mul_kernel)."""
+    from helpers.ext import lab
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return lab.silu_mul_reference(gate, up)
+    source, _ = _built(fn)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))
+    try:
+        return lab.stable_op(source)(gate, up)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def stable_opcheck(fn, shape, dtype: str) -> str:
+    """torch.library.opcheck on the op fn()'s source implements (the reference's fake kernel and autograd
+    formula): "every opcheck test passes", or the first failing test and the first line of its message."""
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return "every opcheck test passes"
+    from helpers.ext import lab
+    source, _ = _built(fn)
+    gen = torch.Generator().manual_seed(len(shape))
+    floating = getattr(torch, dtype)
+    args = tuple(torch.randn(shape, generator=gen).to(floating).requires_grad_(floating == torch.float32)
+                 for _ in range(2))
+    result = torch.library.opcheck(lab.stable_op(source), args, raise_exception=False)
+    failed = [(test, outcome) for test, outcome in result.items() if outcome != "SUCCESS"]
+    if not failed:
+        return "every opcheck test passes"
+    test, outcome = failed[0]
+    return f"{test} fails: {str(outcome).splitlines()[0][:200]}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from helpers.grading.harnesses.lab00 import NO_WIDER_COPY
 from helpers.grading.specs.core import Case, Exercise, LabSpec
 
 
@@ -49,18 +50,74 @@ def _softmax_cases(gen: torch.Generator) -> list[Case]:
 
 def _rms_norm_cases(gen: torch.Generator) -> list[Case]:
     x, w = torch.randn(3, 5, 16, generator=gen), torch.rand(16, generator=gen)
-    eps = "add eps inside the square root, to the mean of the squares: it matters when values are tiny"
+
+    def rows(scales, dtype=torch.float16, width=64):
+        """A row of normal entries for each scale (a list, or a list of lists for 3-D), clamped to 6e4."""
+        sizes = torch.tensor(scales).unsqueeze(-1)
+        return (torch.randn(*sizes.shape[:-1], width, generator=gen) * sizes).clamp(-6e4, 6e4).to(dtype)
+
+    def weight(width=64, dtype=torch.float16):
+        return (torch.rand(width, generator=gen) + 0.5).to(dtype)
+
+    w16, wb16 = weight(), weight(128, torch.bfloat16)
+    big, small, mixed = rows([1.5e4, 2e4, 1e4, 3e4]), rows([3e-4, 2e-4, 4e-4, 3e-4]), rows([3e4, 3e-4, 1.0, 300.0])
+    zero = rows([100.0, 1.0, 30.0])
+    zero[1] = 0
+    big_3d = rows([[2e4, 1e3, 5e3], [3e4, 300.0, 1e4]], width=128)
+    tiny = rows([1e-4, 2e-4, 1e-4])
+    at_max = rows([1e4, 1e4])
+    at_max[0, ::3], at_max[1, 1] = 65504, -65504
+    mixed_bf16 = rows([[3e4, 3e-4], [1.0, 1e3]], torch.bfloat16, 128)
+    zero_bf16 = rows([[50.0, 1.0], [2.0, 7e3]], torch.bfloat16, 128)
+    zero_bf16[1, 0] = 0
+    fp16, bf16 = {"atol": 2e-3, "rtol": 4e-3}, {"atol": 1.6e-2, "rtol": 2e-2}
+    eps = ("add eps inside the square root, to the mean of the squares of x itself (whatever you compute it "
+           "from): it matters when values are tiny")
+    overflow = ("float16's largest value is 65504: x**2 is inf once |x| passes 256, and so is a sum of squares, or a "
+                "norm, past that size; summing in float32 after squaring in float16 comes too late, and the row "
+                "comes out as 0")
+    underflow = ("float16 keeps its 3 digits only down to 6e-5, and nothing below 6e-8: squares of entries near 3e-4 "
+                 "lose their digits or vanish, and a fixed factor that shrinks x before squaring (to keep the largest "
+                 "squares finite) sends them further down")
+    one_scale = ("rows of 3e4 and of 3e-4 in one tensor: a single factor for the whole tensor that keeps the large "
+                 "row's squares finite sends the small row's squares below what float16 holds")
+    zeros = ("a row of zeros: its mean square is 0 and x / sqrt(0 + eps) is 0, not NaN (0 / 0): decide what you "
+             "divide by in that row")
+    wider = ("the right values (as in the cases above) with no tensor of x's size in a wider dtype: x.float() (or "
+             ".to(torch.float32)) is a copy of x at twice its bytes, and so is a float16 tensor times a float32 one "
+             "(type promotion makes the product float32), and so is a reduction given dtype=torch.float32 (it "
+             "converts its input first): keep every tensor of x's size in x's dtype")
+    keep = ("return x's dtype; bfloat16 has float32's range, so its squares stay finite, but it keeps only 2 to 3 "
+            "digits: the check allows 2%")
     return [
         Case("values", (x, w), hint="x / sqrt(mean(x**2 over the last dim) + eps) * weight"),
         Case("eps is used", (torch.randn(4, 16, generator=gen) * 1e-3, w), {"eps": 1e-2}, hint=eps),
         Case("a mismatched weight is rejected", (x, torch.ones(8)), raises="ValueError", match="weight",
              hint="compare weight.shape with x.shape[-1:] before computing"),
+        Case("float16, entries up to 6e4", (big, w16), **fp16, hint=overflow, central=True),
+        Case("float16, entries near 3e-4", (small, w16), {"eps": 1e-9}, **fp16, hint=underflow),
+        Case("float16, rows of very different sizes", (mixed, w16), **fp16, hint=one_scale),
+        Case("float16, a row of zeros gives zeros", (zero, w16), **fp16, hint=zeros),
+        Case("bfloat16, entries up to 3e4: keeps x's dtype", (rows([1e4, 3e4, 1.0, 1e-3], torch.bfloat16),
+                                                              weight(dtype=torch.bfloat16)), **bf16, hint=keep),
+        Case("no float32 copy of a float16 x", (big, w16), call="wider_copies",
+             expected=(NO_WIDER_COPY, _rms_norm_reference(big, w16)), expect_value=True, **fp16, hint=wider,
+             central=True),
         Case("1-D input", (torch.randn(16, generator=gen), w), hidden=True,
              hint="normalise over the last dimension whatever the number of dimensions"),
         Case("eps is used, a 3-D input", (torch.randn(2, 3, 16, generator=gen) * 1e-3, w), {"eps": 1e-3},
              hidden=True, hint=eps),
         Case("a mismatched weight on a 1-D input is rejected", (torch.randn(16, generator=gen), torch.ones(15)),
              raises="ValueError", hidden=True, hint="compare weight.shape with x.shape[-1:] before computing"),
+        Case("float16 3-D, entries up to 6e4", (big_3d, weight(128)), **fp16, hidden=True, hint=overflow,
+             central=True),
+        Case("float16, entries at its largest (65504)", (at_max, w16), **fp16, hidden=True, hint=overflow),
+        Case("float16, entries near 1e-4, where eps counts", (tiny, w16), **fp16, hidden=True, hint=underflow),
+        Case("bfloat16 3-D, rows of very different sizes", (mixed_bf16, wb16), **bf16, hidden=True, hint=one_scale),
+        Case("bfloat16 3-D, a row of zeros gives zeros", (zero_bf16, wb16), **bf16, hidden=True, hint=zeros),
+        Case("no float32 copy of a bfloat16 3-D x", (zero_bf16, wb16), call="wider_copies",
+             expected=(NO_WIDER_COPY, _rms_norm_reference(zero_bf16, wb16)), expect_value=True, **bf16, hidden=True,
+             hint=wider, central=True),
     ]
 
 
@@ -78,7 +135,9 @@ SOFTMAX = ("softmax", "_softmax", "log_softmax", "_log_softmax", "special_softma
 
 
 def _rms_norm_reference(x, weight, eps=1e-6):
-    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps=eps)
+    """The formula in float64, rounded to x's dtype."""
+    xd = x.double()
+    return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.double()).to(x.dtype)
 
 
 SPEC = LabSpec("00_warmup_lab", (

@@ -109,8 +109,8 @@ def _swiglu_cases(gen):
     traced = ("torch.compile(fullgraph=True) could not trace your function in one graph, or its values or "
               "gradients differ. Look first in swiglu_mlp for Python that needs a tensor's value while tracing "
               "(.item(), .tolist(), bool() or an `if` on a tensor, printing a tensor): each is a graph break. "
-              "Only if the error names the fake kernel or the backward is it exercise 2 or 3 (this check uses "
-              "the ones your notebook registered)")
+              "The op's fake kernel and autograd formula are the reference's here, whatever exercises 2 and 3 "
+              "registered")
     return [
         Case("values", weights(8, 12), call="swiglu_values", atol=1e-4, hint=hint),
         Case("calls labs_ext.silu_mul", weights(8, 12), call="uses_silu_mul", expected=True, expect_value=True,
@@ -161,6 +161,141 @@ def _record_schema_cases(gen):
     ]
 
 
+STABLE_SOURCE = r"""// silu_mul against the LibTorch stable ABI: only torch/csrc/stable and torch/headeronly headers.
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/Dispatch.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/macros/Macros.h>
+
+#include <cmath>
+#include <type_traits>
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+template <typename scalar_t>
+void silu_mul_chunk(const scalar_t* gate, const scalar_t* up, scalar_t* out, int64_t begin, int64_t end) {
+  using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+  for (int64_t i = begin; i < end; ++i) {
+    const acc_t g = static_cast<acc_t>(gate[i]);
+    out[i] = static_cast<scalar_t>(g / (acc_t(1) + std::exp(-g)) * static_cast<acc_t>(up[i]));
+  }
+}
+
+template <typename scalar_t>
+void run(const Tensor& g, const Tensor& u, Tensor& out) {
+  const scalar_t* gp = g.const_data_ptr<scalar_t>();
+  const scalar_t* up = u.const_data_ptr<scalar_t>();
+  scalar_t* op = out.mutable_data_ptr<scalar_t>();
+  torch::stable::parallel_for(0, g.numel(), 4096, [&](int64_t begin, int64_t end) {
+    silu_mul_chunk<scalar_t>(gp, up, op, begin, end);
+  });
+}
+
+Tensor silu_mul_stable(const Tensor& gate, const Tensor& up) {
+  STD_TORCH_CHECK(gate.dim() == up.dim(), "silu_mul: gate and up must have the same shape");
+  for (int64_t d = 0; d < gate.dim(); ++d) {
+    STD_TORCH_CHECK(gate.size(d) == up.size(d), "silu_mul: gate and up must have the same shape");
+  }
+  STD_TORCH_CHECK(gate.scalar_type() == up.scalar_type(), "silu_mul: gate and up must have the same dtype");
+  const Tensor g = torch::stable::contiguous(gate);
+  const Tensor u = torch::stable::contiguous(up);
+  Tensor out = torch::stable::empty_like(g);
+  THO_DISPATCH_SWITCH(g.scalar_type(), "silu_mul_stable",
+      THO_DISPATCH_CASE(ScalarType::Float, [&] { run<scalar_t>(g, u, out); })
+      THO_DISPATCH_CASE(ScalarType::Double, [&] { run<scalar_t>(g, u, out); })
+      THO_DISPATCH_CASE(ScalarType::BFloat16, [&] { run<scalar_t>(g, u, out); })
+      THO_DISPATCH_CASE(ScalarType::Half, [&] { run<scalar_t>(g, u, out); }));
+  return out;
+}
+
+STABLE_TORCH_LIBRARY_IMPL(labs_ext, CPU, m) {
+  m.impl("silu_mul", TORCH_BOX(&silu_mul_stable));
+}
+"""
+
+
+def _stable_cases(gen):
+    headers = ("a build that targets a torch version may include the stable ABI alone, the headers under "
+               "torch/csrc/stable and torch/headeronly: every other torch header stops it with an #error. Each "
+               "classic name the kernel used has a counterpart there or in plain C++ (the lesson's "
+               "rms_norm_stable.cpp uses several)")
+    macro = ("TORCH_LIBRARY_IMPL comes from torch/library.h, outside the stable ABI: a stable library registers "
+             "with STABLE_TORCH_LIBRARY_IMPL (torch/csrc/stable/library.h)")
+    boxed = ("a stable library's m.impl takes a boxed kernel, one that reads its arguments from a stack of "
+             "StableIValues: TORCH_BOX(&your_function) makes one from a plain C++ function")
+    builds = ("the compiler's first error names what the stable headers lack: the classic TORCH_CHECK, "
+              "AT_DISPATCH_* and at::opmath_type are not there. rms_norm_stable.cpp shows the stable check; a "
+              "dtype dispatch and an accumulation type you can write in plain C++ (a switch on scalar_type(), a "
+              "template)")
+    registered = ("labs_ext::silu_mul and its schema exist already (defined from Python, as for exercise 1): "
+                  "the library adds only the CPU kernel, in a block for labs_ext and the CPU dispatch key, "
+                  "registered under the op's name, silu_mul. Defining the namespace again (STABLE_TORCH_LIBRARY) "
+                  "crashes the process that loads it")
+    imports = ("the library imports C++ functions of libtorch, and a later torch that changes or drops any one of "
+               "them cannot load it: keep TORCH_TARGET_VERSION defined and every classic header out, and let the "
+               "#error tell you which name to replace")
+    threads = ("the classic kernel split its elements over torch's intra-op threads with at::parallel_for: keep "
+               "that split, with the stable ABI's parallel_for, so torch.set_num_threads still governs it")
+    values = "out = silu(gate) * up, element by element, over every element of the (contiguous) inputs"
+    low = ("the op takes the four dtypes the classic kernel dispatched on (float, double, BFloat16, Half) and "
+           "computes BFloat16 and Half in float, converting the result back once")
+    double = ("compute float64 in double: at::opmath_type is not in the stable headers, so choose the accumulation "
+              "type per scalar type yourself (float for the 16-bit types and float, double for double)")
+    strided = ("the classic wrapper made both inputs contiguous before its flat loop and allocated out from the "
+               "contiguous gate: a transposed gate's elements are not in row order in memory")
+    reject = ("reject what the classic wrapper rejected, gates and ups of different shapes or dtypes, with a "
+              "check that raises (a RuntimeError in Python)")
+    schema = ("opcheck's test_schema found an input written or returned: the kernel must allocate its output "
+              "(the stable contiguous returns a contiguous input itself, not a copy)")
+    tolerance = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+    def values_case(name, shape, dtype, hint, hidden=False):
+        gate, up = (torch.randn(shape, generator=gen) * 4).to(dtype), torch.randn(shape, generator=gen).to(dtype)
+        return Case(name, (gate, up), call="stable_silu_mul", atol=tolerance[dtype], rtol=tolerance[dtype],
+                    hidden=hidden, hint=hint)
+
+    def said(name, call, expected, hint, args=(), **kwargs):
+        return Case(name, args, call=call, expected=expected, expect_value=True, hint=hint, **kwargs)
+    opcheck = "every opcheck test passes"
+    return [
+        said("includes only stable-ABI headers", "stable_headers", "only torch/csrc/stable and torch/headeronly "
+             "headers", headers),
+        said("registers with the stable ABI's macro", "stable_macro", "registers with the stable ABI's macro",
+             macro),
+        said("hands m.impl a boxed kernel", "stable_boxed", "hands m.impl a boxed kernel", boxed),
+        said("builds and loads (TORCH_TARGET_VERSION 2.10.0)", "stable_builds", "builds and loads", builds),
+        said("adds the CPU kernel of labs_ext::silu_mul", "stable_registered",
+             "adds the CPU kernel of labs_ext::silu_mul", registered),
+        said("imports no C++ symbol of libtorch", "stable_imports", "no C++ symbol of libtorch", imports,
+             central=True),
+        said("splits the work over torch's threads", "stable_threads", "splits the work with torch's parallel_for",
+             threads),
+        values_case("float32 (7,)", (7,), torch.float32, values),
+        values_case("bfloat16 (2, 5, 129)", (2, 5, 129), torch.bfloat16, low),
+        values_case("float16 (3, 33)", (3, 33), torch.float16, low),
+        values_case("float64 (3, 33), to 1e-10", (3, 33), torch.float64, double),
+        Case("a transposed gate", (torch.randn(40, 30, generator=gen).t(), torch.randn(30, 40, generator=gen)),
+             call="stable_silu_mul", hint=strided),
+        Case("different shapes are rejected", (torch.randn(3, 4, generator=gen), torch.randn(3, 5, generator=gen)),
+             call="stable_silu_mul", raises="RuntimeError", hint=reject),
+        said("opcheck passes (float32, 3 x 5)", "stable_opcheck", opcheck, schema, args=((3, 5), "float32")),
+        values_case("no elements", (0, 5), torch.float32, values, hidden=True),
+        values_case("one element, float16", (1,), torch.float16, low, hidden=True),
+        values_case("4099 elements on two threads (two chunks)", (4099,), torch.float32, values, hidden=True),
+        Case("a permuted 3-D gate", (torch.randn(4, 2, 3, generator=gen).permute(1, 2, 0),
+                                     torch.randn(2, 3, 4, generator=gen)), call="stable_silu_mul", hidden=True,
+             hint=strided),
+        Case("different dtypes are rejected", (torch.randn(3, 5, generator=gen),
+                                               torch.randn(3, 5, generator=gen, dtype=torch.float64)),
+             call="stable_silu_mul", raises="RuntimeError", hidden=True, hint=reject),
+        said("opcheck passes (bfloat16, 2 x 3 x 4)", "stable_opcheck", opcheck, schema, args=((2, 3, 4), "bfloat16"),
+             hidden=True),
+    ]
+
+
 SPEC = LabSpec("04_custom_op_lab", (
     Exercise("Exercise 1: the C++ kernel body", "silu_mul_body", _kernel_cases,
              lambda: KERNEL_BODY, needs=("cxx", "ninja"),
@@ -175,4 +310,9 @@ SPEC = LabSpec("04_custom_op_lab", (
     Exercise("Exercise 4: SwiGLU with the op", "swiglu_mlp", _swiglu_cases, _swiglu),
     Exercise("Exercise 5: the schema of an op that writes", "silu_mul_record_schema", _record_schema_cases,
              lambda: RECORD_SCHEMA),
+    Exercise("Exercise 6: the kernel against the stable ABI", "silu_mul_stable_source", _stable_cases,
+             lambda: STABLE_SOURCE, needs=("cxx", "ninja"),
+             crashed="a kernel that crashes the process has read or written memory it does not own: an index past "
+                     "numel(), a data pointer of another dtype than the tensor's, or an input used before it was "
+                     "made contiguous"),
 ), allow_processes=True)
