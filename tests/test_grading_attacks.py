@@ -94,7 +94,7 @@ RECORDER_OFF = '''def softmax(x, dim=-1):
         modes.append(torch._C._pop_torch_function_stack())
     return torch.softmax(x, dim)
 '''
-PATCHED_RECORDER = '''import helpers.grading.checks as hc
+PATCHED_RECORDER = '''import helpers.grading.recorder as hc
 hc._TorchNames.__torch_function__ = lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {}))
 hc._AtenNames.__torch_dispatch__ = lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {}))
 def softmax(x, dim=-1):
@@ -393,7 +393,7 @@ def test_a_forbidden_helper_compiled_again_under_another_name_is_still_recognise
     import inspect
 
     import helpers.moe
-    from helpers.grading.checks import record_calls
+    from helpers.grading.recorder import record_calls
     ns = {}
     source = "import torch\nfrom helpers.moe import *\n" + inspect.getsource(helpers.moe.permute)
     exec(compile(source, "my_own_permute.py", "exec"), ns)

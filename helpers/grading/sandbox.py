@@ -203,10 +203,12 @@ def _roots() -> dict:
 
 
 def _harness_modules() -> tuple:
-    """The modules whose functions call the learner's code: the checks' core and each lab's harnesses."""
+    """The modules whose functions call the learner's code: the checks' core, the recorder and each lab's
+    harnesses."""
     import helpers.grading.checks as checks
+    import helpers.grading.recorder as recorder
     from helpers.grading.harnesses import MODULES
-    return (checks, *MODULES)
+    return (checks, recorder, *MODULES)
 
 
 def _originals() -> tuple:
@@ -243,7 +245,7 @@ def _current(label: str, roots: dict):
 
 def _notebook_threads(baseline: set) -> list[str]:
     """Threads the notebook started that are alive now and run code of its own: what they call during a
-    graded call is not recorded (a thread pool's workers are: checks.record_calls follows their work)."""
+    graded call is not recorded (a thread pool's workers are: recorder.record_calls follows their work)."""
     import functools
     from concurrent.futures import thread as futures_thread
     found = []
@@ -294,6 +296,7 @@ def main(results_fd: int) -> int:
     from IPython.core.interactiveshell import InteractiveShell
 
     import helpers.grading.checks
+    import helpers.grading.recorder
     from helpers.grading.checks import call_case
     # The notebook's check cells would run the visible cases from the grading specs, which a submission
     # may not read: here they only say that the grader checks.
@@ -303,7 +306,7 @@ def main(results_fd: int) -> int:
         # it just below: on a machine without a GPU they must be built for the interpreter, as a lab sets
         # TRITON_INTERPRET=1 there before its first import, or a learner's interpreted kernel cannot call them
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    helpers.grading.checks.record_calls(lambda: torch.zeros(1) + 1, ("add",))   # imports torch._dynamo, once
+    helpers.grading.recorder.record_calls(lambda: torch.zeros(1) + 1, ("add",))   # imports torch._dynamo, once
     harness_state = {m: dict(vars(m)) for m in _harness_modules()}   # restored before the calls: cells may rebind names
     originals = _originals()
     baseline_threads = set(threading.enumerate())

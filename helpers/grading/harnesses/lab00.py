@@ -30,7 +30,7 @@ class _TensorsMade(TorchDispatchMode):
     (x.sum(-1, dtype=torch.float32) of a float16 x) converts that input first, a tensor of its size."""
 
     @classmethod
-    def _should_skip_dynamo(cls) -> bool:   # as helpers.grading.checks._AtenNames: no torch._dynamo import
+    def _should_skip_dynamo(cls) -> bool:   # as helpers.grading.recorder._AtenNames: no torch._dynamo import
         return False
 
     def __init__(self):

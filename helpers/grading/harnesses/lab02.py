@@ -8,7 +8,7 @@ import sys
 import torch
 
 from helpers.device import capabilities
-from helpers.grading.checks import _unrecorded
+from helpers.grading.recorder import _unrecorded
 
 
 def combo_plan_errors(fn, numels, block) -> str:

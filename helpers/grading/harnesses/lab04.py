@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from helpers.grading.checks import _AtenNames
+from helpers.grading.recorder import _AtenNames
 
 
 def _is_silu_mul_reference(fn, function: str) -> bool:

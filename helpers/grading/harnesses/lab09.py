@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 
-from helpers.grading.checks import _in_library, _unrecorded
+from helpers.grading.recorder import _in_library, _unrecorded
 from helpers.grading.judge import plain_name
 
 
