@@ -2,9 +2,38 @@
 tensors and measure what a value cannot show, and what its notebook imports beside `check`."""
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import torch
+from torch.utils._pytree import tree_map
+
+
+META_REFUSALS = (("cannot be called on meta tensors", ".item(), int(), float(), bool() or an `if` on a tensor"),
+                 ("Cannot copy out of meta tensor", ".tolist(), .numpy() or another copy to the host"),
+                 ("without output_size", "repeat_interleave without output_size"),
+                 ("same device", "a tensor made on another device inside the function (give it device=)"))
+
+
+NO_HOST_READS = "nothing read back to the host"
+
+
+def host_reads_of(fn, *args, **kwargs) -> str:
+    """What fn needs from its tensors' values on the host (each a sync on a GPU), found by running it on the meta
+    device, where tensors have shapes but no data: .item(), int(), an `if` on a tensor, .tolist(), and every op
+    whose output size depends on the data (bincount, nonzero, unique, ...) cannot run there. The same answer on
+    every device, decided by what fn needs, not by which op it calls: F.one_hot(ids, n) needs nothing,
+    torch.unique(return_counts=True) needs the data. NO_HOST_READS when fn runs on meta, else what it read."""
+    on_meta = tree_map(lambda v: v.to("meta") if isinstance(v, torch.Tensor) else v, (args, kwargs))
+    try:
+        fn(*on_meta[0], **on_meta[1])
+    except Exception as exc:
+        message = str(exc)
+        op = re.search(r"(aten::\w+)", message)
+        named = next((what for text, what in META_REFUSALS if text in message), None)
+        return "reads back to the host: " + (named or (f"{op.group(1)} (its output size depends on the data)" if op
+                                                       else f"{type(exc).__name__} on the meta device: {message[:120]}"))
+    return NO_HOST_READS
 
 
 FLOPS_SLACK = 1.5        # how many times the FLOPs of each expert on its own rows a right answer may do

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.grading.checks import NO_HOST_READS
+from helpers.grading.harnesses.lab03 import NO_HOST_READS
 from helpers.grading.specs.core import Case, Exercise, LabSpec
 
 
