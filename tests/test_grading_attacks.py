@@ -415,6 +415,29 @@ def test_a_forbidden_helper_compiled_again_under_another_name_is_still_recognise
     assert record_calls(lambda: cell["own"](*args), ("helpers.moe.permute",))[1] == []
 
 
+def test_a_clone_of_the_graders_answer_is_refused_and_the_same_lines_written_again_are_not():
+    """Lab 05's harness keeps exercise 2's right int8_linear (it stands in for the learner's while exercises 3
+    and 5 are graded): its code object cloned under another first line is still that function; the same lines
+    written in a cell are the learner's own answer (the solution's are the same lines)."""
+    import types
+
+    from helpers.grading.harnesses import lab05
+    from helpers.grading.recorder import record_calls
+    forbidden = ("helpers.grading.harnesses.lab05.int8_linear",)
+    q = torch.randint(-127, 128, (8, 16), dtype=torch.int8)
+    args = (torch.randn(2, 16), q, torch.rand(8) / 100, None)
+    clone = types.FunctionType(lab05.int8_linear.__code__.replace(co_firstlineno=1, co_filename="<cell 4>"),
+                               vars(lab05))
+    assert record_calls(lambda: clone(*args), forbidden)[1] == list(forbidden)
+    cell = {"torch": torch}
+    exec(compile("def int8_linear(x, q, scales, bias):\n"
+                 "    x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()\n"
+                 "    y = torch._weight_int8pack_mm(x2, q, scales.to(torch.bfloat16)).to(x.dtype)\n"
+                 "    if bias is not None:\n        y = y + bias\n"
+                 "    return y.reshape(*x.shape[:-1], q.shape[0])\n", "<cell 5>", "exec"), cell)
+    assert record_calls(lambda: cell["int8_linear"](*args), forbidden)[1] == []
+
+
 def test_a_padding_free_einsum_expert_ffn_is_accepted(capsys):
     """einsum on two-dimensional operands runs on bmm with a batch of one: a plain matmul, not the padded
     batched matmul lab 03's exercise 3 forbids (a padded bmm is still refused: test_lab_wrong_answers)."""

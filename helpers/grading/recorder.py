@@ -28,10 +28,11 @@ from helpers.grading.judge import RECORDER_OFF
 
 def _code_keys(target) -> list:
     """The keys of a function's code, or of every function defined in a class: (file, first line); for a
-    function of some size, also its body (BODY, names it reads, its instructions as _instructions gives them),
-    which a copy shares under any file or function name, with its locals renamed, without its docstring, in
-    a cell that imports torch elsewhere (short bodies, and a class's methods, are too common to tell a copy
-    from a learner's own code)."""
+    function of some size, also its clone (CLONE, names it reads, bytecode, constants with the docstring), which
+    a copy of its code object keeps (code.replace(co_firstlineno=...), another file name), and its body (BODY,
+    names, its instructions as _instructions gives them), which a copy of its source shares under any file or
+    function name, with its locals renamed, without its docstring, in a cell that imports torch elsewhere
+    (short bodies, and a class's methods, are too common to tell a copy from a learner's own code)."""
     target = inspect.unwrap(target)
     if inspect.isclass(target):
         members = [inspect.unwrap(v) for v in vars(target).values() if inspect.isfunction(v)]
@@ -40,10 +41,15 @@ def _code_keys(target) -> list:
     if code is None:
         return []
     body = _instructions(code)
-    return [(code.co_filename, code.co_firstlineno)] + ([(BODY, code.co_names, body)] if len(body) >= MIN_BODY else [])
+    return [(code.co_filename, code.co_firstlineno)] + (
+        [(CLONE, code.co_names, *_clone(code)), (BODY, code.co_names, body)] if len(body) >= MIN_BODY else [])
 
 
-BODY, MIN_BODY = "body", 24
+def _clone(code) -> tuple:
+    return code.co_code, tuple(c for c in code.co_consts if not inspect.iscode(c))
+
+
+CLONE, BODY, MIN_BODY = "clone", "body", 24
 # What differs between copies of one source: the compiler's choice of a method call or an attribute load (it
 # depends on whether the module imports the name), the NULL it pushes for a call, bookkeeping instructions.
 _SAME_AS = {"LOAD_METHOD": "LOAD_ATTR", "CALL_METHOD": "CALL"}
@@ -94,8 +100,8 @@ def forbidden_code(forbidden) -> dict:
                     target = getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError):   # optional packages: nothing to forbid where absent
                 continue
-            # The grader's own right answers (helpers.grading) are refused when called, not when their code
-            # is written again: a learner's own right answer may be the same few lines.
+            # The grader's own right answers (helpers.grading) are refused when called or cloned, not when
+            # their source is written again: a learner's own right answer may be the same few lines.
             for key in _code_keys(target):
                 if not (key[0] == BODY and module.startswith("helpers.grading.")):
                     keys[key] = name
@@ -145,13 +151,14 @@ def record_calls(run: Callable[[], object], forbidden) -> tuple[object, list[str
     codes = forbidden_code(forbidden)
     plain = {n for n in forbidden if "." not in n}
 
-    bodies = {key[1] for key in codes if key[0] == BODY}   # the names each body reads: few calls share them
+    bodies = {key[1] for key in codes if key[0] in (CLONE, BODY)}   # the names each reads: few calls share them
 
     def profile(frame, event, arg):
         if event == "call":
             code = frame.f_code
             hit = codes.get((code.co_filename, code.co_firstlineno)) or (
-                code.co_names in bodies and codes.get((BODY, code.co_names, _instructions(code))))
+                code.co_names in bodies and (codes.get((CLONE, code.co_names, *_clone(code)))
+                                             or codes.get((BODY, code.co_names, _instructions(code)))))
             if hit:
                 names.add(hit)
 
