@@ -87,6 +87,9 @@ def compare(candidates: dict[str, Callable[[], object]], *, baseline: str | None
     return result
 
 
+NOISY = "too noisy here to tell; run again or use fewer threads"   # what a reveal says when the spreads cannot tell
+
+
 def speedup_range(results: dict, baseline: str, candidate: str) -> tuple[float, float]:
     """The lowest and highest speed-up of `candidate` over `baseline` the repeats allow (results: a compare's
     "results"): the baseline's fastest over the candidate's slowest, and its slowest over the candidate's fastest."""

@@ -639,16 +639,19 @@ def check_deployment(quantized: nn.Module, reference: nn.Module, inputs: torch.T
     one = inputs[:1]
     with torch.no_grad():
         timing = bench.compare({"fp32": lambda: reference(one), "quantized": lambda: quantized(one)},
-                               baseline="fp32", repeats=5, min_run_time=0.05, device=one.device)
+                               baseline="fp32", repeats=5, min_run_time=0.05, threads=1, device=one.device)
     speedup = timing["results"]["quantized"]["ratio_to_baseline"]
-    print(f"batch-1 speed-up: {speedup:.2f}x" + (f" (target {min_speedup:.1f}x)" if min_speedup else " (measured, no target)"))
+    lo, hi = bench.speedup_range(timing["results"], "fp32", "quantized")
+    print(f"batch-1 speed-up: {speedup:.2f}x ({lo:.2f}x to {hi:.2f}x over the repeats, 1 thread)"
+          + (f" (target {min_speedup:.1f}x)" if min_speedup else " (measured, no target)")
+          + ("" if bench.separated(timing, "fp32", "quantized") else f"; the spreads overlap: {bench.NOISY}"))
     if min_speedup is not None and speedup < min_speedup:
         fail(what, f"{speedup:.2f}x faster than fp32 at batch 1, the target is {min_speedup}x",
              "feed the int8 kernel bf16 activations (fp32 activations take a slow path); check that every "
              "large Linear was swapped; on a machine busy with other work, time at torch.set_num_threads(1)")
     passed(what)
     return {"accuracy": acc_q, "reference_accuracy": acc_ref, "bytes": size_q, "reference_bytes": size_ref,
-            "speedup": speedup}
+            "speedup": speedup, "timing": timing}
 
 
 # --- Benchmark -------------------------------------------------------------------------------

@@ -177,8 +177,11 @@ fig.show()
 tok, aug = (results[f] for f in families)
 tok_threads = data.speedup(tok, "threads", K)
 tok_processes = max(data.speedup(tok, name, K) for name in ("processes, per sample", "processes, batched"))
+tok_lo, tok_hi = bench.speedup_range(tok["by_workers"][K]["results"], "serial", "threads")
 reveal(threads_guess, "yes, clearly (1.3x or more)" if tok_threads >= 1.3 else "no: about serial speed, or slower",
-       why=f"{K} threads ran tokenize at {tok_threads:.2f}x serial with the GIL {'on' if gil_on else 'off'}. "
+       why=f"{K} threads ran tokenize at {tok_threads:.2f}x serial ({tok_lo:.2f}x to {tok_hi:.2f}x over the repeats) "
+           f"with the GIL {'on' if gil_on else 'off'}. "
+           + (f"That range straddles 1.3x, so which answer holds is {bench.NOISY}. " if tok_lo < 1.3 <= tok_hi else "")
            + ("With the GIL one thread at a time runs bytecode, so threads add no compute: what differs from 1x "
               "is switching cost and how the OS schedules a busy machine. " if gil_on else
               "Without a GIL the threads run bytecode in parallel. ")
@@ -187,21 +190,27 @@ reveal(threads_guess, "yes, clearly (1.3x or more)" if tok_threads >= 1.3 else "
 
 # %% tags=["reveal"]
 aug_threads = data.speedup(aug, "threads", K)
+aug_lo, aug_hi = bench.speedup_range(aug["by_workers"][K]["results"], "serial", "threads")
 reveal(augment_guess, aug_threads, tolerance=1.5,
        why=f"augment_image spends its time in torch kernels, which release the GIL, so {K} threads overlap: "
-           f"{aug_threads:.2f}x serial here, against a ceiling of about {min(K, caps.cpu_count)}x "
-           f"({caps.cpu_count} usable cores)."
-           + (" Above the ceiling means the serial run was slowed (other load on the machine, or one thread's "
-              "caches): no loader beats the core count; run the measurement again." if aug_threads > 1.15 *
+           f"{aug_threads:.2f}x serial here ({aug_lo:.2f}x to {aug_hi:.2f}x over the repeats), against a ceiling "
+           f"of about {min(K, caps.cpu_count)}x ({caps.cpu_count} usable cores)."
+           + (f" Serial's and the threads' spreads overlapped: {bench.NOISY}." if not
+              bench.separated(aug["by_workers"][K], "serial", "threads") else
+              " Above the ceiling means the serial run was slowed (other load on the machine, or one thread's "
+              "caches): no loader beats the core count; run the measurement again." if aug_lo > 1.15 *
               min(K, caps.cpu_count) else ""))
 
 # %% tags=["reveal"]
 per_sample, batched = (data.items_per_s(tok, name)[-1] for name in ("processes, per sample", "processes, batched"))
 n_batches = -(-len(texts) // BATCH)
+batch_lo, batch_hi = bench.speedup_range(tok["by_workers"][K]["results"], "processes, per sample", "processes, batched")
 reveal(batched_guess, batched / per_sample,
        why=f"per sample, each of the {len(texts)} token lists is pickled and sent on its own; batched, "
            f"{n_batches} tensors make the trip, and the workers pay for padding them. "
-           + ("That saving won here." if batched > per_sample else
+           + (f"The two spreads overlapped ({batch_lo:.2f}x to {batch_hi:.2f}x over the repeats): {bench.NOISY}."
+              if not bench.separated(tok["by_workers"][K], "processes, per sample", "processes, batched") else
+              "That saving won here." if batched > per_sample else
               f"Here it did not: {n_batches} batches for {K} workers split a short epoch into a few large "
               "pieces that finish unevenly. Raise N_ITEMS and run again."))
 

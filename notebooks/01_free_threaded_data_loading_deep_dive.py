@@ -266,8 +266,10 @@ if requires("torchdata", section="torchdata.nodes cost per epoch"):
                             "torchdata threads": lambda: data.count(nodes)},
                            repeats=3, min_run_time=0.05, warmup=1, threads=1, device="cpu")
     per_epoch = {name: r["median_s"] for name, r in epochs["results"].items()}
+    print(bench.table(epochs))
     print(f"one epoch of {len(few)} items, 2 threads: thread_map {per_epoch['thread_map'] * 1e3:.1f} ms, "
-          f"torchdata {per_epoch['torchdata threads'] * 1e3:.1f} ms; QUEUE_TIMEOUT = {constants.QUEUE_TIMEOUT} s")
+          f"torchdata {per_epoch['torchdata threads'] * 1e3:.1f} ms; QUEUE_TIMEOUT = {constants.QUEUE_TIMEOUT} s"
+          + ("" if bench.separated(epochs, "thread_map", "torchdata threads") else f" (spreads overlap: {bench.NOISY})"))
 
 # %% [markdown]
 # On long epochs the cost disappears in the work; on a benchmark of short epochs it dominates. Reuse one

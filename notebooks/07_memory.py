@@ -224,20 +224,24 @@ for name, nbytes in peak.items():
     print(f"checkpointed: {name:<24} peak {memory.mib(nbytes):>12}")
 timing = bench.compare({"none": memory.training_step(Stack().to(STORY), BATCH, WIDTH, device=STORY),
                         "all blocks": memory.training_step(Stack(all_blocks).to(STORY), BATCH, WIDTH, device=STORY)},
-                       baseline="none", repeats=3, min_run_time=0.05 if QUICK else 0.2, device=STORY)
+                       baseline="none", repeats=3, min_run_time=0.05 if QUICK else 0.2, threads=1, device=STORY)
 print(bench.table(timing))
 
 # %% tags=["reveal"]
 floor = sum(memory.peak_bytes(tl, c) for c in ("parameter", "gradient", "optimizer_state"))
 time_ratio = 1 / timing["results"]["all blocks"]["ratio_to_baseline"]
+time_lo, time_hi = bench.speedup_range(timing["results"], "all blocks", "none")   # the time ratio's range
+time_noisy = not bench.separated(timing, "none", "all blocks") or time_lo <= 2 <= time_hi
 big = peak[f"all blocks, batch {2 * BATCH}"]
 reveal(ckpt_guess, peak["none"] / peak["all blocks"], tolerance=1.25,
        why=f"the peak fell from {memory.mib(peak['none'])} to {memory.mib(peak['all blocks'])}, not to nothing: "
            f"the parameters, gradients and Adam state ({memory.mib(floor)}) stay, every block still keeps its "
            "input, and backward rebuilds one block's activations at a time. The price is one more forward per "
-           f"block, so a step should take well under twice the time; here it took {time_ratio:.2f}x"
-           + (" (far outside that: other load on this machine during the timing; look at the spread and rerun)"
-              if not 1 <= time_ratio <= 2 else "") + f". What it buys: batch {2 * BATCH}, checkpointed, peaks at "
+           f"block, so a step should take well under twice the time; here it took {time_ratio:.2f}x "
+           f"({time_lo:.2f}x to {time_hi:.2f}x over the repeats"
+           + (f": {bench.NOISY}" if time_noisy else
+              "; far outside that: other load on this machine during the timing, rerun" if not 1 <= time_ratio <= 2
+              else "") + f"). What it buys: batch {2 * BATCH}, checkpointed, peaks at "
            f"{memory.mib(big)}, {'below' if big < peak['none'] else 'above'} batch {BATCH} without checkpointing.");
 
 # %% [markdown]

@@ -155,7 +155,7 @@ check("05_quantization_lab", int8_linear)
 # They are measured, not checked: they depend on the CPU (or GPU) that runs the lab.
 
 # %%
-from helpers.bench import compare
+from helpers.bench import NOISY, compare, separated, table
 
 layer0 = model_fp32[0]
 q0, s0 = quantize_weight(layer0.weight.detach())
@@ -164,9 +164,11 @@ mine = MyInt8Linear(layer0)
 x1 = torch.randn(1, WIDTH)
 with torch.no_grad():
     r = compare({"fp32 nn.Linear": lambda: layer0(x1), "int8, fp32 activations": lambda: slow(x1),
-                 "yours": lambda: mine(x1)}, baseline="fp32 nn.Linear", repeats=3, min_run_time=0.05, device="cpu")
-for name, entry in r["results"].items():
-    print(f"{name:<24} {entry['median_s'] * 1e6:8.1f} us  {entry['ratio_to_baseline']:5.2f}x the speed of fp32 nn.Linear")
+                 "yours": lambda: mine(x1)}, baseline="fp32 nn.Linear", repeats=3, min_run_time=0.05, threads=1,
+                device="cpu")
+print(table(r))
+if not separated(r, "yours", "fp32 nn.Linear"):
+    print(f"yours against fp32 nn.Linear: the spreads overlap, {NOISY}")
 
 # %% [markdown]
 # ## Exercise 3: ship the model
@@ -212,7 +214,8 @@ model_int8 = quantize_model(model_fp32)
 result = quant.check_deployment(model_int8, model_fp32, inputs, labels, max_drop=0.01, min_speedup=None,
                                 what="Exercise 3: agreement with fp32 within 1% on the 2,000 inputs")
 print(f"{result['reference_bytes'] / result['bytes']:.2f}x smaller, "
-      f"{result['speedup']:.2f}x the speed of fp32 at batch 1 (measured here, not checked)")
+      f"{result['speedup']:.2f}x the speed of fp32 at batch 1 (measured here, not checked"
+      + ("" if separated(result["timing"], "fp32", "quantized") else f"; the spreads overlap: {NOISY}") + ")")
 
 # %% [markdown]
 # ## Why per channel? The same model with one scale per tensor
