@@ -420,12 +420,20 @@ def grade(project, start, reference, w: dict = VISIBLE, threads_used: int | None
 
 # --- In the guide notebook ------------------------------------------------------------------------------
 
+EVIDENCE = ("leaking_positions", "batches_equal", "warnings", "reasons")   # the lists that say why a goal missed
+
+
 def describe(result: dict) -> str:
-    """A goal's figures on one line (its lists and its verdict flag left out)."""
+    """A goal's figures on one line (its verdict flag and long lists left out); a missed goal also shows its
+    evidence (which batches differ, the warnings, the graph breaks' reasons), the first three of each."""
     def show(value):
+        if isinstance(value, list):
+            return "[" + "; ".join(str(v)[:200] for v in value[:3]) + (f"; and {len(value) - 3} more" if len(value) > 3
+                                                                       else "") + "]"
         return f"{value:.4g}" if isinstance(value, float) else str(value)
     return ", ".join(f"{k} {show(v)}" for k, v in result.items()
-                     if k not in ("goal", "passed") and not isinstance(v, (list, dict)) or k == "leaking_positions")
+                     if k not in ("goal", "passed") and not isinstance(v, (list, dict)) or k == "leaking_positions"
+                     or k in EVIDENCE and not result["passed"])
 
 
 def check_goals(results: list[dict], what: str, hints: dict[str, str] | None = None, stop: bool = True) -> bool:

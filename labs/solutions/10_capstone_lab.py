@@ -86,7 +86,8 @@ print(repr(tokenizer.decode(start.serve.generate(served, prompt, 12)[0].tolist()
 # ## Exercise 1: work on your copy
 #
 # Copy the starting code (`capstone.START`, the folder `10_capstone/` beside this notebook) to a folder of
-# your own, for instance with `shutil.copytree(capstone.START, "my_capstone")`, and make `PROJECT` that
+# your own, once (run again, `shutil.copytree(capstone.START, "my_capstone")` stops with FileExistsError
+# rather than copy over your work: copy only when the folder is not there yet), and make `PROJECT` that
 # folder. Work there; every check below loads it afresh, so save your files and run the check again.
 
 # %%
