@@ -6,8 +6,8 @@
 # | **What you will learn** | what your machine can run and why a section skips; why many small operations are slow; your path through the course, with times |
 # | **Prerequisites** | Python and basic PyTorch (tensors, `nn.Module`) |
 # | **Hardware** | any CPU; on a GPU the measurements run there |
-# | **Time** | 20 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
+# | **Time** | 19 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each lesson asks you to **predict before it measures**: a 🔮 cell asks a question (a control in
 # JupyterLab); answer it, run on, and a later cell says whether you were right and why, on *this* machine.
@@ -40,9 +40,10 @@ QUICK = False   # quick mode: small sizes, for CI and a first look (papermill: -
 #
 # `helpers.device` is the only code that inspects hardware. A lesson asks it once for `DEVICE`, and asks
 # `requires(...)` before a section that needs what a CPU lacks: a skipped section prints what is missing
-# and what would run it, and the run's record keeps it. The table is `python -m helpers doctor`.
+# and what would run it, and the run's record keeps it. The table is `python -m helpers doctor`: read it
+# before the question under it.
 
-# %%
+# %% tags=["predict"]
 import torch
 from IPython.display import HTML, display
 
@@ -58,6 +59,8 @@ print(f"torch {torch.__version__} · device: {DEVICE} · {caps.device_name}")
 display(HTML(report_html(with_lessons=False)))
 if requires("accelerator", section="Accelerator details"):
     print(f"{caps.device_name} ({caps.arch}): {caps.memory_gb} GiB, bf16 {caps.bf16}, fp8 {caps.fp8}")
+skip_guess = predict("How many of the core lessons 01-08 skip at least one section on this machine?",
+                     unit="lessons", example=8)
 
 # %% [markdown]
 # ## Many small operations, or one large one
@@ -70,7 +73,7 @@ if requires("accelerator", section="Accelerator details"):
 foreach_guess = predict("How many times faster than the loop is the single _foreach_add_ call?", unit="x",
                         example=3.0)
 
-# %% tags=["reveal"]
+# %% tags=["reveal", "predict"]
 n_tensors, size = (16, 256) if QUICK else (64, 4096)
 tensors = [torch.randn(size, device=DEVICE) for _ in range(n_tensors)]
 flat = torch.cat(tensors)
@@ -87,8 +90,6 @@ spread = "" if bench.separated(result, "loop of add_", "_foreach_add_") else " T
 reveal(foreach_guess, result["results"]["_foreach_add_"]["ratio_to_baseline"],
        why=f"the loop makes {n_tensors} Python calls, _foreach_add_ one; {how}. One big add_ pays the per-call "
            f"cost once: {result['results']['one big add_']['ratio_to_baseline']:.1f}x.{spread}")
-
-# %% tags=["predict"]
 # A GPU pays microseconds of host time per launch and streams memory far faster than a CPU: its sweep goes larger.
 SWEEP = range(4, 19, 2) if DEVICE.type == "cpu" else range(4, 25, 2)
 TOP = SWEEP[-1]
@@ -156,10 +157,6 @@ your_turn(check_size, what="where the per-call cost stops mattering")
 # Each lesson, deep dive and lab with its time and what skips here, then how far you are: what you ran,
 # skipped, passed and predicted, as your notebooks noted it on this machine (`python -m helpers progress`).
 # In a lab, a check after your code passes or names the mistake; lab 00 shows how.
-
-# %% tags=["predict"]
-skip_guess = predict("How many of the core lessons 01-08 skip at least one section on this machine?",
-                     unit="lessons", example=8)
 
 # %% tags=["reveal"]
 from helpers.doctor import core_lessons_skipping, learning_path

@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; `torch.utils.data.DataLoader` and `Dataset` |
 # | **Hardware** | any CPU; more cores show more scaling. The free-threaded sections need a free-threaded CPython (3.13t/3.14t, `environments/free-threaded.txt`, `make free-threaded`); elsewhere the lesson shows a recorded run of them |
 # | **Time** | 44 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the 2.10 facts are checked against its source and release notes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the 2.10 facts are checked against its source and release notes |
 #
 # PyTorch 2.10 supports Python 3.10-3.14 and ships experimental free-threaded builds (3.13t, 3.14t): a
 # Python without the global interpreter lock (GIL). `DataLoader` did not change: its `num_workers` are still

@@ -7,7 +7,7 @@
 # | **Prerequisites** | [lesson 01](01_free_threaded_data_loading.ipynb) |
 # | **Hardware** | any CPU. The extension section needs a free-threaded CPython (3.13t/3.14t, `environments/free-threaded.txt`) and a C compiler; the torchdata section needs torchdata |
 # | **Time** | 56 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the 2.10 facts are checked against its source and release notes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the 2.10 facts are checked against its source and release notes |
 #
 # The core lesson measured which loader is fast. This notebook is about what else decides the choice: memory,
 # hidden shared state, and the ways a thread loader goes wrong. Each section stands on its own.

@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | why many small operations are slow; vertical vs horizontal fusion, read with Inductor's own tools (`TORCH_LOGS`, `TORCH_COMPILE_DEBUG`, `torch.profiler`); the production case: `_foreach_` and a compiled `optimizer.step`; what `combo_kernels` does (GPU only, off by default) and which of its two dispatch schemes Inductor picks |
+# | **What you will learn** | why many small operations are slow; vertical vs horizontal fusion, read with Inductor's own tools (`TORCH_LOGS`, `TORCH_COMPILE_DEBUG`); the production case: `_foreach_` and a compiled `optimizer.step`; what `combo_kernels` does (GPU only, off by default) and which of its two dispatch schemes Inductor picks |
 # | **Prerequisites** | lesson 00; basic `torch.compile` |
-# | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend compiles C++). With Triton on an NVIDIA/AMD/Intel GPU, one more section runs: Inductor's combo kernels, off vs on |
-# | **Time** | 45 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the config names and the dispatch rule were read in the 2.10.0 and 2.13.0 wheels (`torch/_inductor/config.py`, `torch/_inductor/codegen/triton_combo_kernel.py`), and cells print them from the torch you run; combo kernels came in 2.5: foreach cases in pytorch#124969, the automatic horizontal fusion that `combo_kernels=True` turns on in #131675 (relanded as #133291) |
+# | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend compiles C++); combo kernels on a GPU are measured in the deep dive |
+# | **Time** | 43 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the config names and the dispatch rule were read in the 2.10.0 and 2.13.0 wheels (`torch/_inductor/config.py`, `torch/_inductor/codegen/triton_combo_kernel.py`), and cells print them from the torch you run; combo kernels came in 2.5: foreach cases in pytorch#124969, the automatic horizontal fusion that `combo_kernels=True` turns on in #131675 (relanded as #133291) |
 #
 # The story: many small ops cost a trip each → fusion removes trips (vertical and horizontal) → the
 # optimizer step, where it matters most → combo kernels, horizontal fusion of GPU launches.
@@ -46,7 +46,7 @@ import tempfile
 import torch
 
 from helpers import bench, fusion
-from helpers.device import pick_device, quick_mode, requires
+from helpers.device import pick_device, quick_mode
 from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
@@ -111,7 +111,7 @@ reveal(foreach_guess, foreach_ratio,
 # |---|---|---|
 # | logs | `TORCH_LOGS="output_code,fusion" python train.py` | `torch._logging.set_logs(output_code=True, fusion=True)` |
 # | debug dump | `TORCH_COMPILE_DEBUG=1` (files under `./torch_compile_debug/`) | compile options `trace.enabled` (what that variable sets in `torch/_inductor/config.py`) and `trace.debug_dir` |
-# | profiler | `torch.profiler.profile` | the same (next section) |
+# | profiler | `torch.profiler.profile` | the same (in the deep dive) |
 #
 # Words: **Dynamo** captures your Python into a graph (and **guards** check, at each call, that the graph
 # still applies); **AOTAutograd** traces it to ATen ops (and the backward); **Inductor** lowers those ops to
@@ -136,13 +136,12 @@ def compile_with_tools(fn, *args):
     return result, log.getvalue(), nodes
 
 
+# %% tags=["predict"]
 def pair(a, b):             # two independent pointwise ops
     return a.sin(), b.cos()
 
 
 a, b = torch.randn(4096), torch.randn(4096)   # on the CPU on every machine, so the answer is the same everywhere
-
-# %% tags=["predict"]
 kernel_guess = predict("How many generated kernel functions (cpp_fused_*) will Inductor emit on the CPU for "
                        "pair(a, b) = (a.sin(), b.cos())?", options=["1", "2"], example="2")
 
@@ -234,34 +233,7 @@ if DEVICE.type == "cpu":
 print("eager loop == _foreach_ == compiled == torch.optim (loop, foreach, compiled step) after 3 steps")
 
 # %% [markdown]
-# **`torch.profiler` counts what a call dispatches.** Eager, every small op is an ATen call; compiled,
-# no ATen op is left, only the layers of a compiled call. On a GPU, add `ProfilerActivity.CUDA` (`XPU` on
-# Intel) to the activities to count the kernels too.
-
-# %%
-from torch.profiler import ProfilerActivity, profile
-
-
-def events(fn):
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return {e.key: e.count for e in prof.key_averages()}
-
-
-state = fresh_state()
-eager_events, compiled_events = events(lambda: fusion.sgd_step(*state)), events(lambda: sgd.fn(*state))
-aten_ops = {k: n for k, n in eager_events.items() if k in ("aten::add", "aten::add_", "aten::mul", "aten::mul_")}
-print(f"eager step: {sum(aten_ops.values())} arithmetic ATen calls {aten_ops}, {sum(eager_events.values())} events in all")
-print(f"compiled step: {sum(compiled_events.values())} events, "
-      f"{sum(n for k, n in compiled_events.items() if k.startswith('aten::'))} of them ATen ops:")
-for key in compiled_events:
-    print("   ", key[:60])
-
-# %% [markdown]
-# The compiled call's events name its fixed costs: Dynamo's guard check (`TorchDynamo Cache Lookup`),
-# AOTAutograd's runtime wrapper, and Inductor's generated wrapper (`Call CompiledFxGraph`); the names vary
-# between releases. On small graphs PyTorch's maintainers call AOTAutograd "a lot, if not most, of the
-# overhead" (pytorch#161783). Now the time, hand-written and `torch.optim` side by side:
+# The time, hand-written and `torch.optim` side by side:
 
 # %%
 state = fresh_state()
@@ -278,8 +250,9 @@ bench.plot(step_result, title=f"SGD-momentum step over {N_TENSORS} tensors ({DEV
 
 # %% [markdown]
 # A compiled step that comes out *slower* than the eager loop here is paying its fixed cost per call (the
-# guard check and the wrappers in the events above) on a step of only a few small tensors; the cost stays
-# the same as the model grows while the trips it saves grow with it, and on a GPU each trip saved is a launch.
+# guard check and the wrappers; the deep dive's profiler names them) on a step of only a few small
+# tensors; the cost stays the same as the model grows while the trips it saves grow with it, and on a GPU
+# each trip saved is a launch.
 # On a CPU the generated function still runs the tensors' loops one after another: horizontal fusion
 # saves the trips, not the work. On a GPU the compiled `sgd_step` becomes one Triton kernel per tensor, a
 # launch each (the compiled `torch.optim` step fewer: its foreach kernels already pack many tensors into
@@ -292,15 +265,7 @@ bench.plot(step_result, title=f"SGD-momentum step over {N_TENSORS} tensors ({DEV
 # into one launch (8 is hard-coded in 2.10's `scheduler.py`, the option `combo_kernel_max_num_nodes`
 # in later releases). The scheduler's grouping skips CPU and MPS nodes outright
 # (`_default_group_nodes_for_combo_kernels` in `torch/_inductor/scheduler.py`), so on a CPU the option
-# changes nothing. `fusion.COMBO_ON` also sets `benchmark_combo_kernel=False`: otherwise Inductor keeps a
-# combination only if it timed faster during compilation, and the generated code can differ between runs.
-
-# %%
-cpu_on = fusion.inspect_compiled(pair, a, b, options=fusion.COMBO_ON)
-assert cpu_on.kernel_functions == fusion.kernel_functions(pair_code)
-assert fusion.kernel_source(cpu_on.code, cpu_on.kernel_functions[0]) == \
-       fusion.kernel_source(pair_code, cpu_on.kernel_functions[0]), "same C++ either way"
-print("CPU: combo_kernels=True generated the same kernel source as the default")
+# changes nothing (the deep dive checks it).
 
 # %% [markdown]
 # ### One launch, two ways to share it out
@@ -378,66 +343,18 @@ def check_group():
 your_turn(check_group, what="flip the dispatch");
 
 # %% [markdown]
-# ### On a GPU: Inductor's combo kernels, off vs on
-#
-# The SGD step compiled for the GPU with combo kernels off and on: the cell checks each combo kernel's
-# dispatch lines (`if pid % N == ...` round-robin, `if pid < num_xblocks_0` sequential) against the rule
-# above, then times four steps.
-
-# %% tags=["predict"]
-STEPS = ["eager loop", "_foreach_", "compiled, combo off", "compiled, combo on"]
-step_guess = predict("On a GPU, which SGD step of 30 small tensors is fastest?", options=STEPS,
-                     example="compiled, combo on")
-
-# %%
-if requires("triton_gpu", section="Combo kernels in Inductor (GPU)"):
-    gpu_off = fusion.inspect_compiled(fusion.sgd_step, *fresh_state(), options=fusion.COMBO_OFF)
-    gpu_on = fusion.inspect_compiled(fusion.sgd_step, *fresh_state(), options=fusion.COMBO_ON)
-    combos = fusion.combo_dispatches(gpu_on.code)
-    print(f"combo off: {len(gpu_off.kernel_functions)} Triton kernels · combo on: "
-          f"{len(gpu_on.kernel_functions)}, {len(combos)} of them combo kernels")
-    assert combos, "combo_kernels=True made no combo kernel of the SGD step"
-    for k in combos:
-        rule = fusion.inductor_combo_dispatch_strategy(k.numels)
-        print(f"  {k.name}: sub-kernel sizes {k.numels}: dispatch lines say {k.scheme}, the rule says {rule}")
-        assert k.scheme == rule, f"{k.name}: generated {k.scheme}, the rule predicts {rule}"
-    print("in groups of 8, in order, as predicted:", [k.numels for k in combos] == groups)
-    ref, s_on = fresh_state(), fresh_state()
-    fusion.sgd_step(*ref)
-    gpu_on.fn(*s_on)
-    for g, r in zip(s_on[0], ref[0]):
-        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
-    state = fresh_state()
-    combo_result = bench.compare({"eager loop": lambda: fusion.sgd_step(*state),
-                                  "_foreach_": lambda: fusion.sgd_step_foreach(*state),
-                                  "compiled, combo off": lambda: gpu_off.fn(*state),
-                                  "compiled, combo on": lambda: gpu_on.fn(*state)},
-                                 baseline="eager loop", repeats=REPEATS, device=DEVICE)
-    print(bench.table(combo_result))
-    bench.save_json(combo_result, "../runs/02_horizontal_fusion_combo_gpu.json")
-    first, second = sorted(STEPS, key=lambda k: combo_result["results"][k]["median_s"])[:2]
-    tie = "" if bench.separated(combo_result, first, second) else f" ({first} and {second} tie within their spreads)"
-    reveal(step_guess, first, why=f"{first} was fastest here{tie}. The eager loop launches a kernel per op and "
-           "tensor (150); _foreach_ packs many tensors into each launch; compiled, combo off runs one fused kernel "
-           "per tensor (30), combo on a few; and every compiled call first checks Dynamo's guards on its 90 "
-           "tensors on the CPU, a cost that tiny tensors do not hide.")
-else:
-    print("Not measured here. On an H200 (torch 2.11, quick, 2026-12-04), median (min-max): eager loop 336 us, "
-          "_foreach_ 67.5 (50.6-72), combo off 99.6, combo on 66 (60.3-68.7): _foreach_ and combo on, the fastest, tie.")
-
-# %% [markdown]
 # **What the 2.10 article gets wrong**: it presents "combo-kernel horizontal fusion" as new in 2.10 and
 # working "on all supported hardware platforms". Combo kernels date from 2.5 (pytorch#124969), are off by
 # default and experimental in 2.10, and apply only to Triton-generated GPU code: on a CPU the setting
-# changes nothing (shown above), because the C++ backend already groups independent loops into one function.
+# changes nothing (the deep dive shows it), because the C++ backend already groups independent loops
+# into one function.
 #
 # ## Going further
 #
 # [The deep dive](02_horizontal_fusion_deep_dive.ipynb) holds the rest, for whoever tunes compiled code
-# or writes kernels: how to read generated code with `fusion.inspect_compiled` and the C++ backend's
-# limits; why a compiled first optimizer step compiles twice (measured); the overhead model (time
-# against the number of tiny ops); other tools against overhead (`cpp_wrapper` on the CPU, CUDA graphs
-# with `mode="reduce-overhead"`, measured on a GPU); a combo kernel written by hand in Triton, checked
-# under Triton's interpreter and timed on a GPU with device time; and the pitfalls. Then
-# [lab 02](../labs/02_fusion_lab.ipynb): write a combo kernel's grid and dispatch yourself, and predict
-# kernel counts.
+# or writes kernels: reading generated code and the C++ backend's limits; why a compiled first optimizer
+# step compiles twice; what a compiled call dispatches (`torch.profiler`); the overhead model (time
+# against the number of tiny ops); `cpp_wrapper` and CUDA graphs (`mode="reduce-overhead"`); Inductor's
+# combo kernels off vs on, on a CPU and timed on a GPU; a combo kernel written by hand in Triton; and the
+# pitfalls. Then [lab 02](../labs/02_fusion_lab.ipynb): write a combo kernel's grid and dispatch
+# yourself, and predict kernel counts.

@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | reading Inductor's generated code (`fusion.inspect_compiled`) and the C++ backend's fusion limits; why a compiled first optimizer step compiles twice, and a learning-rate schedule every step; the overhead model (fixed cost per call and cost per op, eager vs compiled, extrapolated and checked); other tools against overhead: `cpp_wrapper`, CUDA graphs (`mode="reduce-overhead"`); a combo kernel written by hand in Triton, both dispatch schemes, checked under Triton's interpreter and timed on a GPU with device time; the pitfalls |
+# | **What you will learn** | reading Inductor's generated code (`fusion.inspect_compiled`) and the C++ backend's fusion limits; why a compiled first optimizer step compiles twice, and a learning-rate schedule every step; what a compiled call dispatches, counted with `torch.profiler`; the overhead model (fixed cost per call and cost per op, eager vs compiled, extrapolated and checked); other tools against overhead: `cpp_wrapper`, CUDA graphs (`mode="reduce-overhead"`); Inductor's combo kernels off vs on (the same C++ on a CPU; on a GPU, dispatch lines checked and four SGD steps timed); a combo kernel written by hand in Triton, both dispatch schemes, checked under Triton's interpreter and timed on a GPU with device time; the pitfalls |
 # | **Prerequisites** | [lesson 02](02_horizontal_fusion.ipynb); reading a little C++ or Triton helps |
-# | **Hardware** | any CPU with a C++ compiler; the hand-written kernels run under Triton's interpreter when Triton is installed. On a GPU with Triton: the kernels' speed; on NVIDIA/AMD: CUDA graphs on the optimizer step |
-# | **Time** | 52 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the config names and the dispatch rule were read in the 2.10.0 and 2.13.0 wheels (`torch/_inductor/config.py`, `torch/_inductor/codegen/triton_combo_kernel.py`), and cells print them from the torch you run; combo kernels came in 2.5: foreach cases in pytorch#124969, the automatic horizontal fusion that `combo_kernels=True` turns on in #131675 (relanded as #133291) |
+# | **Hardware** | any CPU with a C++ compiler; the hand-written kernels run under Triton's interpreter when Triton is installed. On a GPU with Triton: Inductor's combo kernels off vs on, and the hand-written kernels' speed; on NVIDIA/AMD: CUDA graphs on the optimizer step |
+# | **Time** | 74 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the config names and the dispatch rule were read in the 2.10.0 and 2.13.0 wheels (`torch/_inductor/config.py`, `torch/_inductor/codegen/triton_combo_kernel.py`), and cells print them from the torch you run; combo kernels came in 2.5: foreach cases in pytorch#124969, the automatic horizontal fusion that `combo_kernels=True` turns on in #131675 (relanded as #133291) |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -249,6 +249,39 @@ def check_schedule():
 your_turn(check_schedule, what="a schedule without recompiles");
 
 # %% [markdown]
+# ## What a compiled call dispatches: `torch.profiler`
+#
+# **`torch.profiler` counts what a call dispatches.** Eager, every small op is an ATen call; compiled,
+# no ATen op is left, only the layers of a compiled call. On a GPU, add `ProfilerActivity.CUDA` (`XPU` on
+# Intel) to the activities to count the kernels too.
+
+# %%
+from torch.profiler import ProfilerActivity, profile
+
+sgd = fusion.inspect_compiled(fusion.sgd_step, *fresh_state())   # the lesson's compiled SGD step (runs one step)
+
+
+def events(fn):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key: e.count for e in prof.key_averages()}
+
+
+state = fresh_state()
+eager_events, compiled_events = events(lambda: fusion.sgd_step(*state)), events(lambda: sgd.fn(*state))
+aten_ops = {k: n for k, n in eager_events.items() if k in ("aten::add", "aten::add_", "aten::mul", "aten::mul_")}
+print(f"eager step: {sum(aten_ops.values())} arithmetic ATen calls {aten_ops}, {sum(eager_events.values())} events in all")
+print(f"compiled step: {sum(compiled_events.values())} events, "
+      f"{sum(n for k, n in compiled_events.items() if k.startswith('aten::'))} of them ATen ops:")
+for key in compiled_events:
+    print("   ", key[:60])
+
+# %% [markdown]
+# The compiled call's events name its fixed costs: Dynamo's guard check (`TorchDynamo Cache Lookup`),
+# AOTAutograd's runtime wrapper, and Inductor's generated wrapper (`Call CompiledFxGraph`); the names vary
+# between releases; the overhead model below says what they cost.
+
+# %% [markdown]
 # ## The overhead model: time vs number of tiny ops
 #
 # If each eager op costs a fixed overhead `c`, n ops cost about `n·c`. A compiled function pays a
@@ -283,8 +316,8 @@ print(f"one tiny op (n={sweep['counts'][0]}): compiled chain {one['compiled chai
 #   whether, for a single tiny op, compiled code was slower than eager on this machine.
 # - **Independent tensors still cost something per tensor when compiled**, even though the work is
 #   one function: Dynamo's guards check every input tensor, and AOTAutograd's runtime wrapper and the
-#   generated wrapper handle each one. Where the rest of a small compiled call goes: the lesson's
-#   profiler listed `TorchDynamo Cache Lookup`, the AOTDispatcher wrapper and `Call CompiledFxGraph`;
+#   generated wrapper handle each one. Where the rest of a small compiled call goes: the profiler
+#   above listed `TorchDynamo Cache Lookup`, the AOTDispatcher wrapper and `Call CompiledFxGraph`;
 #   PyTorch's maintainers say AOTAutograd is "a lot, if not most, of the overhead" (pytorch#161783). In
 #   one example in #150488, a small CUDA-graphed call spent 176 µs in Dynamo's cache lookup and other
 #   torch.compile overhead, 128 µs in CUDA-graph tree bookkeeping, 41 µs in the graph launch and 72 µs in
@@ -342,7 +375,6 @@ reveal(far_guess, far_ratio,
 
 # %%
 caps = capabilities()
-sgd = fusion.inspect_compiled(fusion.sgd_step, *fresh_state())
 if DEVICE.type == "cpu" and caps.toolchains["cxx"]:
     sgd_cpp = fusion.inspect_compiled(fusion.sgd_step, *fresh_state(), options={"cpp_wrapper": True})
     print(f"compiled with cpp_wrapper: first call {sgd_cpp.compile_s:.1f} s "
@@ -420,6 +452,72 @@ if requires("torch_cuda", section="CUDA graphs on the optimizer step"):
                                  baseline="torch.optim, foreach=True", repeats=REPEATS, device=DEVICE)
     print(bench.table(graph_result))
     bench.save_json(graph_result, "../runs/02_horizontal_fusion_cudagraphs.json")
+
+# %% [markdown]
+# ## Inductor's combo kernels, off vs on
+#
+# The lesson said that `combo_kernels=True` changes nothing on a CPU, because the scheduler's grouping
+# skips CPU nodes. The independent pair, compiled for the CPU with combo kernels off and on
+# (`fusion.COMBO_ON`, which also sets `benchmark_combo_kernel=False`: otherwise Inductor keeps a
+# combination only if it timed faster during compilation, and the generated code can differ between runs):
+
+# %%
+a_cpu, b_cpu = a.cpu(), b.cpu()   # the lesson's independent pair, on the CPU on every machine
+cpu_off = fusion.inspect_compiled(two_independent, a_cpu, b_cpu)
+cpu_on = fusion.inspect_compiled(two_independent, a_cpu, b_cpu, options=fusion.COMBO_ON)
+assert cpu_on.kernel_functions == cpu_off.kernel_functions
+assert fusion.kernel_source(cpu_on.code, cpu_on.kernel_functions[0]) == \
+       fusion.kernel_source(cpu_off.code, cpu_off.kernel_functions[0]), "same C++ either way"
+print("CPU: combo_kernels=True generated the same kernel source as the default")
+
+# %% [markdown]
+# ### On a GPU
+#
+# The SGD step compiled for the GPU with combo kernels off and on: the cell checks each combo kernel's
+# dispatch lines (`if pid % N == ...` round-robin, `if pid < num_xblocks_0` sequential) against the rule
+# the lesson printed (`select_dispatch_strategy`), then times four steps.
+
+# %% tags=["predict"]
+STEPS = ["eager loop", "_foreach_", "compiled, combo off", "compiled, combo on"]
+groups = fusion.combo_groups([p.numel() for p in fresh_state()[0]])   # the SGD step's kernels, in groups of 8
+step_guess = predict("On a GPU, which SGD step of 30 small tensors is fastest?", options=STEPS,
+                     example="compiled, combo on")
+
+# %%
+if requires("triton_gpu", section="Combo kernels in Inductor (GPU)"):
+    gpu_off = fusion.inspect_compiled(fusion.sgd_step, *fresh_state(), options=fusion.COMBO_OFF)
+    gpu_on = fusion.inspect_compiled(fusion.sgd_step, *fresh_state(), options=fusion.COMBO_ON)
+    combos = fusion.combo_dispatches(gpu_on.code)
+    print(f"combo off: {len(gpu_off.kernel_functions)} Triton kernels · combo on: "
+          f"{len(gpu_on.kernel_functions)}, {len(combos)} of them combo kernels")
+    assert combos, "combo_kernels=True made no combo kernel of the SGD step"
+    for k in combos:
+        rule = fusion.inductor_combo_dispatch_strategy(k.numels)
+        print(f"  {k.name}: sub-kernel sizes {k.numels}: dispatch lines say {k.scheme}, the rule says {rule}")
+        assert k.scheme == rule, f"{k.name}: generated {k.scheme}, the rule predicts {rule}"
+    print("in groups of 8, in order, as predicted:", [k.numels for k in combos] == groups)
+    ref, s_on = fresh_state(), fresh_state()
+    fusion.sgd_step(*ref)
+    gpu_on.fn(*s_on)
+    for g, r in zip(s_on[0], ref[0]):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    state = fresh_state()
+    combo_result = bench.compare({"eager loop": lambda: fusion.sgd_step(*state),
+                                  "_foreach_": lambda: fusion.sgd_step_foreach(*state),
+                                  "compiled, combo off": lambda: gpu_off.fn(*state),
+                                  "compiled, combo on": lambda: gpu_on.fn(*state)},
+                                 baseline="eager loop", repeats=REPEATS, device=DEVICE)
+    print(bench.table(combo_result))
+    bench.save_json(combo_result, "../runs/02_horizontal_fusion_combo_gpu.json")
+    first, second = sorted(STEPS, key=lambda k: combo_result["results"][k]["median_s"])[:2]
+    tie = "" if bench.separated(combo_result, first, second) else f" ({first} and {second} tie within their spreads)"
+    reveal(step_guess, first, why=f"{first} was fastest here{tie}. The eager loop launches a kernel per op and "
+           "tensor (150); _foreach_ packs many tensors into each launch; compiled, combo off runs one fused kernel "
+           "per tensor (30), combo on a few; and every compiled call first checks Dynamo's guards on its 90 "
+           "tensors on the CPU, a cost that tiny tensors do not hide.")
+else:
+    print("Not measured here. On an H200 (torch 2.11, quick, 2026-12-04), median (min-max): eager loop 336 us, "
+          "_foreach_ 67.5 (50.6-72), combo off 99.6, combo on 66 (60.3-68.7): _foreach_ and combo on, the fastest, tie.")
 
 # %% [markdown]
 # ## A combo kernel by hand, in Triton
@@ -553,8 +651,8 @@ interact(show_code, which=widgets.Dropdown(options=list(INSPECTED)),
 # - **NVIDIA/AMD GPUs**: every Triton kernel the wrapper calls is a separate launch. Kernels of
 #   different tensors share no buffers and have different sizes, so without combo kernels Inductor
 #   keeps them apart; with `combo_kernels=True` it launches independent kernels together, up to
-#   8 per combo kernel (fixed in 2.10, the option `combo_kernel_max_num_nodes` later). The lesson's GPU
-#   section prints the real kernel counts and dispatch lines.
+#   8 per combo kernel (fixed in 2.10, the option `combo_kernel_max_num_nodes` later). The GPU
+#   section above prints the real kernel counts and dispatch lines.
 # - **Intel GPUs (XPU)** use Inductor's Triton backend too, and the combo-kernel grouping does not
 #   exclude them; it skips only **MPS** and the CPU.
 # - **Triton absent** (a CPU-only install without the `triton` extra): the hand-written kernel's

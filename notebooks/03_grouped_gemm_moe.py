@@ -3,15 +3,15 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | how an MoE layer turns routing into ragged groups (top-k router → token permutation → int32 END offsets → grouped GEMM → unpermute and combine); three ways to run the expert GEMMs (a loop of GEMMs, padded `bmm`, `torch.nn.functional.grouped_mm`) checked against one reference; which path `grouped_mm` takes on your machine; how fast each is against a dense GEMM with the same FLOPs, as the number of experts and the skew change; the roofline that says when an expert GEMM is memory-bound; the three pitfalls that cost the most |
+# | **What you will learn** | how an MoE layer turns routing into ragged groups (top-k router → token permutation → int32 END offsets → grouped GEMM → unpermute and combine); three ways to run the expert GEMMs (a loop of GEMMs, padded `bmm`, `torch.nn.functional.grouped_mm`) checked against one reference; which path `grouped_mm` takes on your machine; how fast each is against a dense GEMM with the same FLOPs, as the number of experts and the skew change; the roofline that says when an expert GEMM is memory-bound |
 # | **Prerequisites** | lesson 00; matrix multiplication; what a mixture-of-experts layer is (a router sends each token to k of E expert MLPs) |
 # | **Hardware** | any CPU: everything here runs on one. The GPU paths (CUTLASS on NVIDIA, the fallback and CK on ROCm), a Triton kernel and its device-side schedule are in the deep dive |
 # | **Time** | 43 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the CPU fallback was read in `aten/src/ATen/native/GroupedMMUtils.h` and is shown by the profiler on the torch you run |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the CPU fallback was read in `aten/src/ATen/native/GroupedMMUtils.h` and is shown by the profiler on the torch you run |
 #
 # The story: routing makes ragged groups → the offsets that describe them → three implementations, one
 # reference → measured against a dense GEMM of the same FLOPs → the roofline that says when that
-# comparison is unfair → the three pitfalls.
+# comparison is unfair.
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -90,19 +90,8 @@ print("offsets (int32 ends): ", offs.tolist(), offs.dtype)
 
 # %% [markdown]
 # A freshly initialised router spreads tokens fairly evenly. Trained routers are often skewed: a few
-# "hot" experts get many tokens, some get none (load-balancing losses exist to fight this). We make a
-# skewed router by raising two experts' logits and plot both.
-
-# %%
-hot = torch.zeros(EXPERTS)
-hot[0], hot[1] = 2.0, 1.0
-ids_skewed, _ = moe.route(x @ params["router"] + hot, TOP_K)
-counts_skewed = moe.expert_counts(ids_skewed, EXPERTS)
-fig = go.Figure([go.Bar(name="fresh router", x=list(range(EXPERTS)), y=counts.tolist()),
-                 go.Bar(name="skewed router (+2, +1 on experts 0, 1)", x=list(range(EXPERTS)), y=counts_skewed.tolist())])
-fig.update_layout(title=f"Tokens per expert ({TOKENS} tokens, top-{TOP_K})", xaxis_title="expert",
-                  yaxis_title="routed rows", barmode="group", height=360)
-fig.show()
+# "hot" experts get many tokens, some get none (load-balancing losses exist to fight this); the deep
+# dive plots such a router beside this one.
 
 # %% [markdown]
 # ## Three implementations, one reference
@@ -142,7 +131,7 @@ for name, out in (("padded_bmm", moe.padded_bmm(xs_c, w_c, offs_c)), ("F.grouped
 #
 # The sweep below runs each implementation on splits of `TOKENS × k` rows over E experts, with a skew:
 # expert i gets a share proportional to `(i+1)^-skew` (`moe.skewed_counts`; skew 0 is uniform, skew 2
-# leaves some experts nearly empty): a stand-in for the skewed router above, with the skew as a dial.
+# leaves some experts nearly empty): a stand-in for a trained router's skew, with the skew as a dial.
 # "% of dense" counts useful FLOPs only: padded `bmm` gets no credit for the zeros it multiplies. The reference is the **dense GEMM with the same FLOPs**
 # (`[M, K] @ [K, N]`): one big problem, one weight. It is not a hardware bound (the roofline below is);
 # it is what the grouped GEMM would cost if the raggedness were free.
@@ -352,59 +341,6 @@ def check_batch():
 
 your_turn(check_batch, what="batch enough tokens");
 
-
-# %% [markdown]
-# ## The three pitfalls that cost the most
-#
-# **1. Offsets are int32 cumulative ENDS, and torch does not check their values.** int64 offsets (what
-# `cumsum` of int64 counts gives) are rejected. Worse, passing the group *sizes*, or offsets past the
-# last row, runs without an error on CPU and gives a wrong result. `moe.grouped_gemm` validates them.
-
-# %% tags=["nbval-check-output"]
-def show(what, call):
-    try:
-        call()
-        print(f"{what}: no error")
-    except Exception as exc:
-        print(f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-
-xs_p, w_p = torch.randn(10, 16, generator=g), torch.randn(4, 16, 8, generator=g)
-offs_p = torch.tensor([3, 3, 7, 10], dtype=torch.int32)     # expert 1 is empty
-sizes = moe.counts_from_offsets(offs_p).to(torch.int32)      # [3, 0, 4, 3]
-show("torch, int64 offsets", lambda: F.grouped_mm(xs_p, w_p, offs=offs_p.long()))
-print("torch with group sizes as offsets: no error; equals the right result:",
-      torch.allclose(F.grouped_mm(xs_p, w_p, offs=sizes), F.grouped_mm(xs_p, w_p, offs=offs_p)))
-show("helpers, group sizes as offsets", lambda: moe.grouped_gemm(xs_p, w_p, sizes))
-
-# %% [markdown]
-# **2. Rows past `offs[-1]` are uninitialised.** A static-shape MoE keeps a buffer of `tokens × k`
-# rows and sends dropped (token, choice) pairs past the last expert: the experts end below the number
-# of rows. `grouped_mm` allocates its output with `at::empty_strided` (`create_grouped_gemm_output_tensor`
-# in `aten/src/ATen/native/GroupedMMUtils.h`) and writes only the groups' rows, so the tail holds
-# whatever was in that memory. The helpers return zeros there; with `F.grouped_mm`, slice to `offs[-1]`.
-
-# %% tags=["nbval-check-output"]
-buffer = torch.cat([xs_c, torch.ones(9, xs_c.shape[1])])          # 9 rows past offs[-1], owned by no expert
-raw = F.grouped_mm(buffer, w_c, offs=offs_c)
-print(f"F.grouped_mm: {buffer.shape[0]} rows in, {int(offs_c[-1])} owned by experts; the tail is never written "
-      f"(we read it only through the helpers, which zero it)")
-for name in ("loop", "padded_bmm", "grouped_mm"):
-    out = moe.IMPLEMENTATIONS[name](buffer, w_c, offs_c)
-    assert not out[70:].any() and torch.allclose(out[:70], raw[:70], atol=1e-4), name
-print("moe.loop_gemm, padded_bmm, grouped_gemm: same rows as F.grouped_mm, zeros past offs[-1]")
-
-# %% [markdown]
-# **3. Row strides must be multiples of 16 bytes** (4 fp32 or 8 bf16 elements), for K and N, even on
-# CPU: a rule of the GPU kernels (TMA), checked on every device. Zero-pad K (and N): zeros do not
-# change the product. Each operand's `data_ptr` must be 16-byte aligned too: on a GPU always, and on the
-# CPU in 2.10 (2.13 exempts CPU tensors; both read in `GroupedMMUtils.h`, shown in the deep dive).
-
-# %% tags=["nbval-check-output"]
-xs7, w7 = torch.randn(10, 7, generator=g), torch.randn(4, 7, 8, generator=g)
-show("torch, K=7 in fp32", lambda: F.grouped_mm(xs7, w7, offs=offs_p))
-padded_out = F.grouped_mm(moe.pad_to_multiple(xs7, 1, 4), moe.pad_to_multiple(w7, 1, 4), offs=offs_p)
-print("fixed by zero-padding K to 8: matches the loop:", torch.allclose(padded_out, moe.loop_gemm(xs7, w7, offs_p), atol=1e-5))
-
 # %% [markdown]
 # ## Try it: how much work does padding waste?
 #
@@ -429,10 +365,13 @@ interact(padding_waste, experts=widgets.IntSlider(value=8, min=2, max=64, step=2
 # ## Going further
 #
 # [The deep dive](03_grouped_gemm_moe_deep_dive.ipynb) is for whoever trains or serves an MoE on a GPU:
-# capacity factors and token dropping; the backward (two more grouped GEMMs, one 2D × 2D) and a
-# training step measured; routing's host synchronisations and a sync-free alternative; a Triton
-# grouped GEMM with a host-built tile list, then a persistent kernel that reads `offs` on the device;
-# which path runs on NVIDIA (CUTLASS on sm_90/sm_100), ROCm (the fallback, and CK when you opt in) and
-# XPU, profiled and timed on NVIDIA and AMD GPUs where they are; what production adds (per-group M alignment, FP8 grouped GEMM, expert
-# parallelism, the `data_ptr % 16` rule); and the other pitfalls. Then [lab 03](../labs/03_moe_lab.ipynb):
-# write the permutation and the fallback loop yourself and measure an expert FFN against padding.
+# a skewed router plotted beside a fresh one, capacity factors and token dropping; the backward (two
+# more grouped GEMMs, one 2D × 2D) and a training step measured; routing's host synchronisations and a
+# sync-free alternative; a Triton grouped GEMM with a host-built tile list, then a persistent kernel
+# that reads `offs` on the device; which path runs on NVIDIA (CUTLASS on sm_90/sm_100), ROCm (the
+# fallback, and CK when you opt in) and XPU, profiled and timed on NVIDIA and AMD GPUs where they are;
+# what production adds (per-group M alignment, FP8 grouped GEMM, expert parallelism, the `data_ptr % 16`
+# rule); and the pitfalls, each run, starting with the three that cost the most (int32 END offsets that
+# torch does not check, the uninitialised rows past `offs[-1]`, 16-byte row strides). Then
+# [lab 03](../labs/03_moe_lab.ipynb): write the permutation and the fallback loop yourself and measure
+# an expert FFN against padding.

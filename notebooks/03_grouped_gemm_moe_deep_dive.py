@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | capacity and token dropping; the backward (two more grouped GEMMs) and a training step; routing's host syncs; a Triton grouped GEMM with a host-built tile list, then a persistent grid that reads `offs` on the device; which path runs on NVIDIA (CUTLASS), ROCm (fallback, CK) and XPU; what production adds (per-group M alignment, FP8 grouped GEMM, expert parallelism, `data_ptr % 16`); bf16 or fp32 on this CPU; five more pitfalls |
+# | **What you will learn** | a fresh and a skewed router's tokens per expert; capacity and token dropping; the backward (two more grouped GEMMs) and a training step; routing's host syncs; a Triton grouped GEMM with a host-built tile list, then a persistent grid that reads `offs` on the device; which path runs on NVIDIA (CUTLASS), ROCm (fallback, CK) and XPU; what production adds (per-group M alignment, FP8 grouped GEMM, expert parallelism, `data_ptr % 16`); bf16 or fp32 on this CPU; eight pitfalls, each run, the three that cost the most first (int32 END offsets, uninitialised rows past `offs[-1]`, 16-byte row strides) |
 # | **Prerequisites** | [lesson 03](03_grouped_gemm_moe.ipynb); reading a little Triton helps |
 # | **Hardware** | any CPU: the Triton kernels run in Triton's interpreter where Triton is installed. On a GPU: the CUTLASS path (NVIDIA sm_90/sm_100), the ROCm fallback and CK paths (AMD), and both Triton kernels timed |
-# | **Time** | 58 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the GPU paths are read from PyTorch's source (`GroupedBlas.cpp`, `GroupedMMUtils.h`, `native_functions.yaml`, `_inductor/kernel/mm_grouped.py` of the 2.10.0 and 2.13.0 wheels) and run only where that hardware is |
+# | **Time** | 86 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the GPU paths are read from PyTorch's source (`GroupedBlas.cpp`, `GroupedMMUtils.h`, `native_functions.yaml`, `_inductor/kernel/mm_grouped.py` of the 2.10.0 and 2.13.0 wheels) and run only where that hardware is |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -65,7 +65,7 @@ ids, gates = moe.route(x @ params["router"], TOP_K)
 xs, order, offs = moe.permute(x, ids, EXPERTS)
 hot = torch.zeros(EXPERTS)
 hot[0], hot[1] = 2.0, 1.0
-ids_skewed, _ = moe.route(x @ params["router"] + hot, TOP_K)      # the core lesson's two routers
+ids_skewed, _ = moe.route(x @ params["router"] + hot, TOP_K)      # a fresh router and a skewed one (plotted below)
 counts_t = moe.skewed_counts(70, 8, 3.0)                          # a small skewed split with empty experts
 offs_c = moe.offsets_from_counts(counts_t)
 g = torch.Generator().manual_seed(0)
@@ -73,6 +73,26 @@ xs_c, w_c = torch.randn(70, 32, generator=g), torch.randn(8, 32, 48, generator=g
 reference = moe.loop_gemm(xs_c, w_c, offs_c)
 print(f"torch {torch.__version__} · device: {DEVICE} · {caps.device_name} · quick={QUICK}")
 print(f"sizes: {TOKENS} tokens, d_model {D_MODEL}, d_ff {D_FF}, {EXPERTS} experts, top-{TOP_K}; small split {counts_t.tolist()}")
+
+# %% [markdown]
+# ## A fresh router and a skewed one
+#
+# A freshly initialised router spreads tokens fairly evenly. Trained routers are often skewed: a few
+# "hot" experts get many tokens, some get none (load-balancing losses exist to fight this). The set-up
+# made a skewed router by raising two experts' logits; both are plotted here.
+
+# %%
+counts = moe.expert_counts(ids, EXPERTS)
+counts_skewed = moe.expert_counts(ids_skewed, EXPERTS)
+print("tokens per expert, fresh router: ", counts.tolist())
+print("tokens per expert, skewed router:", counts_skewed.tolist())
+if not QUICK:     # the figure (plotly's first figure costs seconds: quick mode prints the counts only)
+    import plotly.graph_objects as go
+    fig = go.Figure([go.Bar(name="fresh router", x=list(range(EXPERTS)), y=counts.tolist()),
+                     go.Bar(name="skewed router (+2, +1 on experts 0, 1)", x=list(range(EXPERTS)), y=counts_skewed.tolist())])
+    fig.update_layout(title=f"Tokens per expert ({TOKENS} tokens, top-{TOP_K})", xaxis_title="expert",
+                      yaxis_title="routed rows", barmode="group", height=360)
+    fig.show()
 
 # %% [markdown]
 # ## Capacity factor and token dropping
@@ -85,8 +105,8 @@ print(f"sizes: {TOKENS} tokens, d_model {D_MODEL}, d_ff {D_FF}, {EXPERTS} expert
 # shapes (an `[E, capacity, d]` buffer and one `bmm`) at the price of dropped tokens and padding;
 # *dropless* MoE computes every routed row: MegaBlocks (https://arxiv.org/abs/2211.15841) and grouped
 # GEMMs like this lesson's. `moe.within_capacity` computes the mask on the device (a cumulative count
-# per expert, no host sync). Before the table, the core lesson's skewed router (its first two experts
-# favoured): its rows per expert are printed below. How much capacity would it need to drop nothing?
+# per expert, no host sync). Before the table, the skewed router above: how much capacity would it
+# need to drop nothing?
 
 # %% tags=["predict"]
 skewed_rows = moe.expert_counts(ids_skewed, EXPERTS)
@@ -96,7 +116,7 @@ factor_guess = predict("What is the smallest capacity factor at which the skewed
                        unit="x", example=1.25)
 
 # %% [markdown]
-# The dropped fraction for the core lesson's two routers, factor by factor:
+# The dropped fraction for the two routers, factor by factor:
 
 # %%
 FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0)
@@ -115,7 +135,7 @@ for name, fractions in dropped.items():
 keep = moe.within_capacity(ids_skewed, EXPERTS, moe.expert_capacity(TOKENS, TOP_K, EXPERTS, 1.0))
 print(f"skewed router at factor 1.0: {100 * (1 - keep[:, 0].float().mean()):.1f}% of first choices dropped, "
       f"{100 * (1 - keep[:, 1].float().mean()):.1f}% of second choices (first choices are served first)")
-if not QUICK:     # the figure (plotly's first figure costs seconds: quick mode prints the table only)
+if not QUICK:     # the figure (plotly costs seconds: quick mode prints the table only)
     import plotly.graph_objects as go
     fig = go.Figure([go.Scatter(x=FACTORS, y=[100 * d for d in fractions], mode="lines+markers", name=f"{name} router")
                      for name, fractions in dropped.items()])
@@ -600,9 +620,9 @@ print("torch._scaled_grouped_mm exists here:", hasattr(torch, "_scaled_grouped_m
 
 
 # %% [markdown]
-# ## More pitfalls, each run here
+# ## Pitfalls, each run here
 #
-# Beyond the core lesson's three: torch's real message, then the fix.
+# Eight, the three that cost the most first: torch's real message, then the fix.
 
 # %%
 def show(what, call):
@@ -617,7 +637,49 @@ xs_p, w_p = torch.randn(10, 16, generator=g), torch.randn(4, 16, 8, generator=g)
 offs_p = torch.tensor([3, 3, 7, 10], dtype=torch.int32)     # expert 1 is empty
 
 # %% [markdown]
-# **1. Which operand shapes are accepted.** 2D×3D with offsets (the MoE forward), 3D×3D without
+# **1. Offsets are int32 cumulative ENDS, and torch does not check their values.** int64 offsets (what
+# `cumsum` of int64 counts gives) are rejected. Worse, passing the group *sizes*, or offsets past the
+# last row, runs without an error on CPU and gives a wrong result. `moe.grouped_gemm` validates them.
+
+# %% tags=["nbval-check-output"]
+sizes = moe.counts_from_offsets(offs_p).to(torch.int32)      # [3, 0, 4, 3]
+show("torch, int64 offsets", lambda: F.grouped_mm(xs_p, w_p, offs=offs_p.long()))
+print("torch with group sizes as offsets: no error; equals the right result:",
+      torch.allclose(F.grouped_mm(xs_p, w_p, offs=sizes), F.grouped_mm(xs_p, w_p, offs=offs_p)))
+show("helpers, group sizes as offsets", lambda: moe.grouped_gemm(xs_p, w_p, sizes))
+
+# %% [markdown]
+# **2. Rows past `offs[-1]` are uninitialised.** A static-shape MoE keeps a buffer of `tokens × k`
+# rows and sends dropped (token, choice) pairs past the last expert: the experts end below the number
+# of rows. `grouped_mm` allocates its output with `at::empty_strided` (`create_grouped_gemm_output_tensor`
+# in `aten/src/ATen/native/GroupedMMUtils.h`) and writes only the groups' rows, so the tail holds
+# whatever was in that memory. The helpers return zeros there; with `F.grouped_mm`, slice to `offs[-1]`.
+
+# %% tags=["nbval-check-output"]
+buffer = torch.cat([xs_c, torch.ones(9, xs_c.shape[1])])          # 9 rows past offs[-1], owned by no expert
+raw = F.grouped_mm(buffer, w_c, offs=offs_c)
+print(f"F.grouped_mm: {buffer.shape[0]} rows in, {int(offs_c[-1])} owned by experts; the tail is never written "
+      f"(we read it only through the helpers, which zero it)")
+for name in ("loop", "padded_bmm", "grouped_mm"):
+    out = moe.IMPLEMENTATIONS[name](buffer, w_c, offs_c)
+    assert not out[70:].any() and torch.allclose(out[:70], raw[:70], atol=1e-4), name
+print("moe.loop_gemm, padded_bmm, grouped_gemm: same rows as F.grouped_mm, zeros past offs[-1]")
+
+# %% [markdown]
+# **3. Row strides must be multiples of 16 bytes** (4 fp32 or 8 bf16 elements), for K and N, even on
+# CPU: a rule of the GPU kernels (TMA), checked on every device. Zero-pad K (and N): zeros do not
+# change the product. Each operand's `data_ptr` must be 16-byte aligned too: on a GPU always, and on the
+# CPU in 2.10 (2.13 exempts CPU tensors; both read in `GroupedMMUtils.h`, shown in "What production
+# adds" above).
+
+# %% tags=["nbval-check-output"]
+xs7, w7 = torch.randn(10, 7, generator=g), torch.randn(4, 7, 8, generator=g)
+show("torch, K=7 in fp32", lambda: F.grouped_mm(xs7, w7, offs=offs_p))
+padded_out = F.grouped_mm(moe.pad_to_multiple(xs7, 1, 4), moe.pad_to_multiple(w7, 1, 4), offs=offs_p)
+print("fixed by zero-padding K to 8: matches the loop:", torch.allclose(padded_out, moe.loop_gemm(xs7, w7, offs_p), atol=1e-5))
+
+# %% [markdown]
+# **4. Which operand shapes are accepted.** 2D×3D with offsets (the MoE forward), 3D×3D without
 # (a plain batched matmul), 2D×2D with offsets (the weight-gradient form: groups along K, one output
 # per group) and 3D×2D with offsets. Offsets with two 3D operands, or none with a 2D one, are rejected.
 
@@ -631,7 +693,7 @@ show("2D x 3D without offs", lambda: F.grouped_mm(xs_p, w_p))
 show("empty groups (all rows in the last expert)", lambda: F.grouped_mm(xs_p, w_p, offs=torch.tensor([0, 0, 0, 10], dtype=torch.int32)))
 
 # %% [markdown]
-# **2. `bias=` is in the signature but not supported**, and `out_dtype` must equal the input dtype
+# **5. `bias=` is in the signature but not supported**, and `out_dtype` must equal the input dtype
 # (the docstring describes `out_dtype=torch.float32` for bf16 inputs; it is rejected). Both operands
 # must have the same dtype, and autocast does not convert them for you (it does for `mm`). Add a
 # per-expert bias after the GEMM by indexing it with each row's expert.
@@ -649,7 +711,7 @@ with_bias = F.grouped_mm(xs_p, w_p, offs=offs_p) + bias[row_expert]
 print("bias added per row's expert: matches the loop + bias:", torch.allclose(with_bias, moe.loop_gemm(xs_p, w_p, offs_p) + bias[row_expert], atol=1e-5))
 
 # %% [markdown]
-# **3. Autograd works, except for a stride-0 gradient.** `y.sum().backward()` sends an expanded
+# **6. Autograd works, except for a stride-0 gradient.** `y.sum().backward()` sends an expanded
 # gradient of ones with strides `[0, 0]`, which the backward's grouped GEMM rejects. Pass a real
 # gradient, or use `moe.grouped_gemm`, which makes the incoming gradient contiguous.
 
@@ -665,7 +727,7 @@ print("moe.grouped_gemm(...).sum().backward(): works; empty expert 1 gets a zero
       bool(wr.grad[1].abs().sum() == 0))
 
 # %% [markdown]
-# **4. Under `torch.compile`, the meta kernel demands bf16.** Eager CPU accepts fp32, but the shape
+# **7. Under `torch.compile`, the meta kernel demands bf16.** Eager CPU accepts fp32, but the shape
 # function that `torch.compile` runs (`meta_grouped_mm` in `torch/_meta_registrations.py`) checks for
 # bf16 inputs, so compiled fp32 code fails while eager fp32 works. Calling the op on `meta` tensors
 # runs exactly that function, instantly:
@@ -686,7 +748,7 @@ else:
     print("torch.compile, bf16:", tuple(compiled(xs_p.bfloat16(), w_p.bfloat16(), offs_p).shape))
 
 # %% [markdown]
-# **5. Out-of-range expert ids and empty batches.** A router with more outputs than there are expert
+# **8. Out-of-range expert ids and empty batches.** A router with more outputs than there are expert
 # weights produces ids the offsets cannot describe; torch's message does not say why. A batch with no
 # tokens breaks the common `view(tokens, k, -1)` in the combine step. The layer checks the first and
 # handles the second (an empty batch gives an empty result, as an expert without tokens does).

@@ -3,16 +3,15 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | one op (a fused RMSNorm) through its whole life: a C++ kernel for the CPU and a SYCL kernel for Intel GPUs registered to the same op; its schema, fake kernel and autograd formula with `torch.library`; the same kernel against the LibTorch stable ABI (`STABLE_TORCH_LIBRARY`, `torch::stable::Tensor`, `TORCH_TARGET_VERSION`) and the load order of an op defined in C++; proof with `torch.library.opcheck`; `torch.compile` with and without a fake kernel; the hand-written kernel against Inductor's; the op inside `torch.export`; `torch.library.triton_op` as the cross-vendor kernel route |
+# | **What you will learn** | one op (a fused RMSNorm) through its whole life: a C++ kernel for the CPU and a SYCL kernel for Intel GPUs registered to the same op; its schema, fake kernel and autograd formula with `torch.library`; `torch.compile` with and without a fake kernel; proof with `torch.library.opcheck`; the hand-written kernel against Inductor's; the op inside `torch.export` |
 # | **Prerequisites** | lesson 00; reading a little C++ helps |
-# | **Hardware** | any CPU. The C++ kernels and Inductor on a CPU need a C++ compiler and ninja (without them those cells say what they skip); the SYCL kernel an Intel GPU, an XPU build of torch and `icpx`; the Triton kernel an NVIDIA, AMD or Intel GPU |
-# | **Time** | 45 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the stable-ABI headers read in both wheels (`torch/include/torch/csrc/stable/`), `wrap_triton` in `torch/_library/triton.py` of both |
+# | **Hardware** | any CPU. The C++ kernels and Inductor on a CPU need a C++ compiler and ninja (without them those cells say what they skip); the SYCL kernel an Intel GPU, an XPU build of torch and `icpx` |
+# | **Time** | 42 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # The story: an op and its reference → kernel 1, C++ for the CPU → kernel 2, SYCL for an Intel GPU, on the
-# same op → what `torch.compile` needs (a fake kernel) → the same kernel against the stable ABI, and the load
-# order of an op defined in C++ → proof with `opcheck` → your turn: a mutable op → does Inductor beat the
-# C++ kernel? → `torch.export` → Triton, the cross-vendor route.
+# same op → what `torch.compile` needs (a fake kernel) → proof with `opcheck` → your turn: a mutable op →
+# does Inductor beat the C++ kernel? → `torch.export`.
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -73,21 +72,8 @@ print(f"compilers on PATH: c++ {caps.toolchains['cxx']}, ninja {caps.toolchains[
 # ```
 #
 # So the op works on every device before any C++ exists; each kernel below adds one device's entry to the
-# dispatcher's table. The table (`torch._C._dispatch_dump`, a private debugging call) reads:
+# dispatcher's table (the deep dive reads that table line by line).
 #
-# - `schema:` the signature every kernel follows; `debug:` where `define` ran; `alias analysis kind:
-#   FROM_SCHEMA`: aliasing and mutation are read from the schema's annotations (none here).
-# - one line per **dispatch key** with a kernel: `Meta` is the fake kernel, `Autograd` the autograd formula,
-#   `CompositeExplicitAutograd` the fallback. `[alias]` marks a key that stands for several runtime keys
-#   (`Autograd` covers AutogradCPU, AutogradCUDA, ...).
-# - `:: (none) [ boxed ]`: a Python kernel has no C++ signature and is called **boxed**, its arguments on
-#   a stack. A C++ kernel prints its signature and `[ boxed unboxed ]`: it can also be called directly.
-
-# %%
-print(torch._C._dispatch_dump(ext.RMS_NORM))
-print("labs_ext::rms_norm on CPU tensors runs:", ext.kernel_for("cpu"))
-
-# %% [markdown]
 # The op is device-agnostic: its caller never names a device, and neither does the fake kernel. On the
 # `meta` device (shapes without data, what `torch.compile` traces with) the fake kernel answers:
 
@@ -132,7 +118,7 @@ if HAVE_CXX:
     reveal(build_guess, round(built.build_s, 1), tolerance=2,
            why="almost none of it is our 70 lines: the compiler parses ATen's headers (Tensor, the "
                "dispatch macros, the parallel backend) and instantiates the kernel for four dtypes. The "
-               "stable-ABI build below includes only small headers: compare its time.")
+               "deep dive's stable-ABI build includes only small headers: compare its time there.")
 else:
     print("No build here, so nothing to reveal: without a compiler the op runs the reference.")
 
@@ -236,57 +222,6 @@ reveal(fake_guess, outcome,
            "not support running with fake tensors').");
 
 # %% [markdown]
-# ## The stable ABI, and the load order of an op defined in C++
-#
-# A classic extension like `rms_norm_cpu.cpp` links to libtorch's C++ symbols, so each torch version needs
-# its own build. pytorch/tutorials' `cpp_custom_ops.rst` recommends the **LibTorch stable ABI** for 2.10
-# and later: only `torch/csrc/stable` and `torch/headeronly` headers, a `torch::stable::Tensor`, calls
-# through torch's C shim. Built with `-DTORCH_TARGET_VERSION=0x020a000000000000` (2.10.0), one binary loads
-# in torch 2.10 and later ones (the deep dive loads a 2.10 build in 2.13). `rms_norm_stable.cpp` is the same
-# kernel (float32 only, to stay small), and it **defines its own op**, `labs_stable::rms_norm`.
-#
-# An op defined in C++ exists only once its library is loaded. The tutorial's order for such a **hybrid**
-# op: load the library first, then register the Python half (`register_fake`, `register_autograd`), before
-# anything calls the op. The cell tries the wrong order first, then loads (building once), registers
-# the same Python fake kernel and autograd formula as `labs_ext::rms_norm` on `labs_stable::rms_norm`, and
-# runs `opcheck`. Note its CPU line: `TORCH_BOX` makes
-# a boxed-only kernel.
-
-# %%
-ext.show(ext.STABLE_SOURCE, "Tensor rms_norm_stable", "const float* xp")
-print("  ...")
-ext.show(ext.STABLE_SOURCE, "STABLE_TORCH_LIBRARY(labs_stable")
-if requires("cxx", "ninja", section="The stable-ABI kernel and the hybrid load order"):
-    if not ext.op_defined(ext.STABLE_OP):             # the library is not loaded yet in this process
-        try:
-            torch.library.register_fake(ext.STABLE_OP)(ext._rms_norm_fake)
-        except RuntimeError as exc:
-            print("register_fake before loading the library:", exc)
-    built_stable = ext.load_stable_kernel()
-    print(f"{built_stable.path.name}: {'loaded from the cache' if built_stable.cached else 'built now'}; "
-          f"the build took {built_stable.build_s:.1f} s when it ran")
-    ext.register_stable_python_half()
-    print("its dispatch table:", *torch._C._dispatch_dump(ext.STABLE_OP).splitlines()[4:], sep="\n  ")
-    xs_grad = torch.randn(4, 8, requires_grad=True)
-    torch.testing.assert_close(torch.ops.labs_stable.rms_norm(xs_grad, ws, 1e-6), ext.rms_norm_reference(xs_grad, ws))
-    print("opcheck:", torch.library.opcheck(torch.ops.labs_stable.rms_norm.default, (xs_grad, ws, 1e-6)))
-
-# %% [markdown]
-# The one-definition rule bites when you edit C++: a rebuilt library is a new `.so` that defines its
-# namespace a second time, and loading it into the same process fails. With the stable ABI the failure is a
-# crash of the whole Python process (a segmentation fault, seen on 2.10 and 2.13), so after editing such a
-# file, restart the kernel. `labs_ext` avoids it: its schema lives in Python, and its C++ and SYCL files only
-# add `TORCH_LIBRARY_IMPL` kernels, which a rebuild replaces (torch warns that it overrides the old one).
-# The rule, on `labs_ext` (no compiler needed):
-
-# %% tags=["nbval-check-output"]
-try:
-    torch.library.Library("labs_ext", "DEF")         # helpers.ext defined labs_ext already, from Python
-except RuntimeError as exc:
-    print("a second DEF block:", str(exc).split(";")[0])
-print("the FRAGMENT block above added:", torch.ops.labs_ext.rms_norm_nofake.default._schema)
-
-# %% [markdown]
 # ## Proof: `opcheck` and `gradcheck`
 #
 # `torch.library.opcheck` runs four tests per sample: `test_schema` (no undeclared mutation or alias),
@@ -359,38 +294,13 @@ def check_mutates():
 
 your_turn(check_mutates, what="declare what an op writes");
 
-
 # %% [markdown]
-# ## Under `torch.compile`, and against Inductor
+# ## Against Inductor
 #
-# A pre-norm residual block, `x + rms_norm(x) @ proj`, compiled with `fullgraph=True`, forward and backward.
-# The custom op is one opaque call in the graph. Quick mode compiles with the `aot_eager` backend (traces
-# with the fake kernel and the formula, generates no code); full mode with Inductor (a C++ compiler on a CPU).
-
-# %% tags=["nbval-check-output"]
-def block(x, weight, proj):
-    return x + ext.rms_norm(x, weight) @ proj
-
-
-BACKEND = "inductor" if not QUICK and caps.toolchains["cxx"] else "aot_eager"
-torch._dynamo.reset()
-xb = torch.randn(16, 64, requires_grad=True)
-wb, proj = torch.rand(64, requires_grad=True), torch.randn(64, 64) / 8
-out = torch.compile(block, backend=BACKEND, fullgraph=True)(xb, wb, proj)
-out.square().sum().backward()
-grads_compiled = xb.grad.clone(), wb.grad.clone()
-xb.grad, wb.grad = None, None
-expected = xb + ext.rms_norm_reference(xb, wb) @ proj
-expected.square().sum().backward()
-torch.testing.assert_close(out, expected)
-for got, want in zip(grads_compiled, (xb.grad, wb.grad)):
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-print("torch.compile(fullgraph=True): output and both gradients match eager")
-
-# %% [markdown]
-# Opaque cuts both ways: Inductor cannot fuse our norm with its neighbours, and on its own it fuses the
-# reference's six operations into one generated loop (C++ on a CPU, Triton on a GPU). So: does the
-# hand-written kernel beat the compiler? `ext.compare_with_compiled` compiles the reference (untimed), then
+# Under `torch.compile` the custom op is one opaque call in the graph (the deep dive compiles a block
+# around it, forward and backward). Opaque cuts both ways: Inductor cannot fuse our norm with its
+# neighbours, and on its own it fuses the reference's six operations into one generated loop (C++ on a CPU,
+# Triton on a GPU). So: does the hand-written kernel beat the compiler? `ext.compare_with_compiled` compiles the reference (untimed), then
 # times reference, `F.rms_norm`, our op and the compiled reference, interleaved, median of repeats.
 
 # %% tags=["predict"]
@@ -457,37 +367,16 @@ print("exported graph:", targets)
 print("the exported program gives the eager model's output")
 
 # %% [markdown]
-# ## The cross-vendor route: a Triton kernel with `torch.library.triton_op`
-#
-# A CUDA kernel would be one more `TORCH_LIBRARY_IMPL(..., CUDA, ...)` block. **Triton** compiles one
-# Python-like source for NVIDIA, AMD and Intel GPUs, and `torch.library.triton_op` makes it an op that
-# `torch.compile` *sees into*: it traces the body with fake tensors (no fake kernel to write) and hands the
-# kernel inside `wrap_triton` to Inductor. Not on a CPU: Triton's interpreter (`TRITON_INTERPRET=1`) is
-# rejected by 2.10's `wrap_triton`, and 2.13 runs it in eager but cannot trace it with fake tensors. On a GPU
-# the cell checks `helpers/ext/triton_kernel.py` against the reference, runs `opcheck` and compiles it.
-
-# %%
-ext.show(ext.SOURCES / "triton_kernel.py", "@triton.jit", "rms_norm.register_autograd")
-if requires("triton_gpu", section="triton_op on a GPU"):
-    from helpers.ext import triton_kernel
-
-    for args in ext.sample_inputs(DEVICE, quick=True):
-        torch.testing.assert_close(triton_kernel.rms_norm(*args), ext.rms_norm_reference(*args),
-                                   atol=2e-2, rtol=2e-2)
-        assert set(torch.library.opcheck(triton_kernel.rms_norm, args).values()) == {"SUCCESS"}
-    xg, wg = torch.randn(ROWS, HIDDEN, device=DEVICE), torch.rand(HIDDEN, device=DEVICE)
-    compiled = torch.compile(lambda x, w: x + triton_kernel.rms_norm(x, w, 1e-6), fullgraph=True)
-    torch.testing.assert_close(compiled(xg, wg), xg + ext.rms_norm_reference(xg, wg))
-    print(f"labs_triton::rms_norm on {DEVICE}: matches the reference, opcheck passes, compiles with fullgraph=True")
-
-# %% [markdown]
 # ## Going further
 #
 # [The deep dive](04_xpu_sycl_custom_ops_deep_dive.ipynb) is for whoever ships kernels or targets Intel GPUs:
 # device-agnostic code with `torch.accelerator` and where to synchronise; what `torch.xpu` added in 2.10 and
 # capping a process's GPU memory; the SYCL build (architectures, build time, oneAPI, `SYCL_HOME`) and
-# packaging with `SyclExtension`; the stable ABI in detail (what 2.10 and the installed torch offer, a 2.10
-# build loading in 2.13); the Python route `custom_op`, an in-place op, and a declaration that lies; the op in
-# an AOTInductor package; the slider from small to large rows; what the article got wrong; and the pitfalls.
-# Then [lab 04](../labs/04_custom_op_lab.ipynb): write a C++ kernel body, its fake kernel and its backward,
-# and pass `opcheck`.
+# packaging with `SyclExtension`; the dispatcher's table read line by line; the same kernel against the
+# LibTorch stable ABI, the load order of an op defined in C++ and the one-definition rule, then the stable ABI
+# in detail (what 2.10 and the installed torch offer, a 2.10 build loading in 2.13); the Python route
+# `custom_op`, an in-place op, and a declaration that lies; the op in a block compiled with `fullgraph=True`,
+# forward and backward, and in an AOTInductor package; the slider from small to large rows; a Triton kernel
+# as an op with `torch.library.triton_op`, the cross-vendor route; what the article got wrong; and the
+# pitfalls. Then [lab 04](../labs/04_custom_op_lab.ipynb): write a C++ kernel body, its fake kernel and its
+# backward, and pass `opcheck`.

@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | device-agnostic code with `torch.accelerator`, and where to synchronise; what `torch.xpu` added in 2.10, and capping a process's GPU memory; building SYCL: architectures and build time, oneAPI, `SYCL_HOME`, packaging with `SyclExtension`; the LibTorch stable ABI in detail (what each library imports from libtorch, headers, ops, computing `TORCH_TARGET_VERSION`, a 2.10 build in a later torch); the Python route `torch.library.custom_op`, an in-place op and a declaration that lies; the op in an AOTInductor package; small against large inputs (where the fixed cost per call decides); what the article got wrong; pitfalls |
+# | **What you will learn** | device-agnostic code with `torch.accelerator`, and where to synchronise; what `torch.xpu` added in 2.10, and capping a process's GPU memory; building SYCL: architectures and build time, oneAPI, `SYCL_HOME`, packaging with `SyclExtension`; the dispatcher's table, line by line; the same kernel against the LibTorch stable ABI (`STABLE_TORCH_LIBRARY`, `torch::stable::Tensor`), the load order of an op defined in C++ and the one-definition rule; the stable ABI in detail (what each library imports from libtorch, headers, ops, computing `TORCH_TARGET_VERSION`, a 2.10 build in a later torch); the Python route `torch.library.custom_op`, an in-place op and a declaration that lies; the op under `torch.compile` with `fullgraph=True`, forward and backward; the op in an AOTInductor package; small against large inputs (where the fixed cost per call decides); `torch.library.triton_op` as the cross-vendor kernel route; what the article got wrong; pitfalls |
 # | **Prerequisites** | [lesson 04](04_xpu_sycl_custom_ops.ipynb) |
-# | **Hardware** | any CPU. The memory cap needs an Intel GPU; timing on a device needs any accelerator; AOTInductor and the C++ kernel need a C++ compiler (AOTInductor runs in full mode only) |
-# | **Time** | 51 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); `torch.xpu` and `torch/utils/cpp_extension.py` (`SYCL_HOME`, `_get_sycl_arch_list`) read in the 2.10.0 wheel; the stable-ABI headers in both wheels; what 2.10 added for XPU from its release notes (PR numbers below) |
+# | **Hardware** | any CPU. The memory cap needs an Intel GPU; timing on a device needs any accelerator; AOTInductor and the C++ kernels need a C++ compiler (AOTInductor runs in full mode only); the Triton kernel an NVIDIA, AMD or Intel GPU |
+# | **Time** | 78 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); `torch.xpu` and `torch/utils/cpp_extension.py` (`SYCL_HOME`, `_get_sycl_arch_list`) read in the 2.10.0 wheel; the stable-ABI headers in both wheels (`torch/include/torch/csrc/stable/`), `wrap_triton` in `torch/_library/triton.py` of both; what 2.10 added for XPU from its release notes (PR numbers below) |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -178,9 +178,79 @@ print("torch.utils.cpp_extension imported already:", "torch.utils.cpp_extension"
 ext.show(ext.SOURCES / "example_setup" / "setup.py", "sources = [", "install_requires")
 
 # %% [markdown]
+# ## The dispatcher's table, line by line
+#
+# The core lesson's `labs_ext::rms_norm` is defined from Python, and each kernel adds one device's entry to
+# the dispatcher's table. The table (`torch._C._dispatch_dump`, a private debugging call) reads:
+#
+# - `schema:` the signature every kernel follows; `debug:` where `define` ran; `alias analysis kind:
+#   FROM_SCHEMA`: aliasing and mutation are read from the schema's annotations (none here).
+# - one line per **dispatch key** with a kernel: `Meta` is the fake kernel, `Autograd` the autograd formula,
+#   `CompositeExplicitAutograd` the fallback. `[alias]` marks a key that stands for several runtime keys
+#   (`Autograd` covers AutogradCPU, AutogradCUDA, ...).
+# - `:: (none) [ boxed ]`: a Python kernel has no C++ signature and is called **boxed**, its arguments on
+#   a stack. A C++ kernel prints its signature and `[ boxed unboxed ]`: it can also be called directly.
+
+# %%
+print(torch._C._dispatch_dump(ext.RMS_NORM))
+print("labs_ext::rms_norm on CPU tensors runs:", ext.kernel_for("cpu"))
+
+# %% [markdown]
+# ## The stable ABI, and the load order of an op defined in C++
+#
+# A classic extension like `rms_norm_cpu.cpp` links to libtorch's C++ symbols, so each torch version needs
+# its own build. pytorch/tutorials' `cpp_custom_ops.rst` recommends the **LibTorch stable ABI** for 2.10
+# and later: only `torch/csrc/stable` and `torch/headeronly` headers, a `torch::stable::Tensor`, calls
+# through torch's C shim. Built with `-DTORCH_TARGET_VERSION=0x020a000000000000` (2.10.0), one binary loads
+# in torch 2.10 and later ones (the next section reports a 2.10 build loaded in 2.13). `rms_norm_stable.cpp`
+# is the same kernel (float32 only, to stay small), and it **defines its own op**, `labs_stable::rms_norm`.
+#
+# An op defined in C++ exists only once its library is loaded. The tutorial's order for such a **hybrid**
+# op: load the library first, then register the Python half (`register_fake`, `register_autograd`), before
+# anything calls the op. The cell tries the wrong order first, then loads (building once), registers
+# the same Python fake kernel and autograd formula as `labs_ext::rms_norm` on `labs_stable::rms_norm`, and
+# runs `opcheck`. Note its CPU line: `TORCH_BOX` makes a boxed-only kernel.
+
+# %%
+ext.show(ext.STABLE_SOURCE, "Tensor rms_norm_stable", "const float* xp")
+print("  ...")
+ext.show(ext.STABLE_SOURCE, "STABLE_TORCH_LIBRARY(labs_stable")
+if requires("cxx", "ninja", section="The stable-ABI kernel and the hybrid load order"):
+    if not ext.op_defined(ext.STABLE_OP):             # the library is not loaded yet in this process
+        try:
+            torch.library.register_fake(ext.STABLE_OP)(ext._rms_norm_fake)
+        except RuntimeError as exc:
+            print("register_fake before loading the library:", exc)
+    built_stable = ext.load_stable_kernel()
+    print(f"{built_stable.path.name}: {'loaded from the cache' if built_stable.cached else 'built now'}; "
+          f"the build took {built_stable.build_s:.1f} s when it ran")
+    ext.register_stable_python_half()
+    print("its dispatch table:", *torch._C._dispatch_dump(ext.STABLE_OP).splitlines()[4:], sep="\n  ")
+    xs_grad, ws = torch.randn(4, 8, requires_grad=True), torch.rand(8)
+    torch.testing.assert_close(torch.ops.labs_stable.rms_norm(xs_grad, ws, 1e-6), ext.rms_norm_reference(xs_grad, ws))
+    print("opcheck:", torch.library.opcheck(torch.ops.labs_stable.rms_norm.default, (xs_grad, ws, 1e-6)))
+
+# %% [markdown]
+# The one-definition rule bites when you edit C++: a rebuilt library is a new `.so` that defines its
+# namespace a second time, and loading it into the same process fails. With the stable ABI the failure is a
+# crash of the whole Python process (a segmentation fault, seen on 2.10 and 2.13), so after editing such a
+# file, restart the kernel. `labs_ext` avoids it: its schema lives in Python, and its C++ and SYCL files only
+# add `TORCH_LIBRARY_IMPL` kernels, which a rebuild replaces (torch warns that it overrides the old one).
+# The rule, on `labs_ext` (no compiler needed), and a `FRAGMENT` block, which may add ops to a namespace:
+
+# %% tags=["nbval-check-output"]
+try:
+    torch.library.Library("labs_ext", "DEF")         # helpers.ext defined labs_ext already, from Python
+except RuntimeError as exc:
+    print("a second DEF block:", str(exc).split(";")[0])
+frag = torch.library.Library("labs_ext", "FRAGMENT")
+frag.define("rms_norm_nofake(Tensor x, Tensor weight, float eps) -> Tensor")
+print("a FRAGMENT block added:", torch.ops.labs_ext.rms_norm_nofake.default._schema)
+
+# %% [markdown]
 # ## The stable ABI in detail
 #
-# The core lesson built `rms_norm_stable.cpp` against the stable ABI; `rms_norm_cpu.cpp` is the classic kind.
+# The section above built `rms_norm_stable.cpp` against the stable ABI; `rms_norm_cpu.cpp` is the classic kind.
 # For this lesson a 2.10 build of each was loaded into torch 2.13: the stable one gave the reference's
 # numbers, the classic one failed to load with `undefined symbol: at::TensorBase::const_data_ptr<float>`
 # (demangled). A shared library lists the symbols it expects other libraries to define
@@ -249,9 +319,13 @@ if requires("cxx", "ninja", section="Build the C++ CPU kernel"):
 #   `#if TORCH_FEATURE_VERSION >= TORCH_VERSION_2_11_0`, so a 2.10-targeted build cannot call it by mistake.
 # - **What 2.10 has.** Its `stable/` lacks `generator.h`, which 2.13 adds; its `ops.h` declares 28 functions
 #   (`ext.stable_abi_headers()` on the 2.10 wheel), among them `parallel_for`, `empty_like`, `contiguous`,
-#   `new_empty`, `fill_`, `copy_`, `transpose` and `matmul`. Everything
-#   else (`AT_DISPATCH_*`, `at::opmath_type`, `at::vec`) is not there: the stable kernel is float32-only for
-#   that reason, and a kernel that needs more stays classic.
+#   `new_empty`, `fill_`, `copy_`, `transpose` and `matmul`. ATen's own helpers (`AT_DISPATCH_*`,
+#   `at::opmath_type`, `at::vec::Vectorized`) are not there, but `torch/headeronly` has stand-ins in 2.10
+#   already: `THO_DISPATCH_SWITCH` and `THO_DISPATCH_CASE` (`core/Dispatch.h`) switch on the dtype, and
+#   `util/Half.h` and `util/BFloat16.h` give the 16-bit types; the kernel picks its own accumulation type (a
+#   `float` for 16-bit inputs) where ATen would take `opmath_type`. The stable kernel above is float32
+#   only to stay short; lab 04's last exercise builds one for four dtypes. What still keeps a kernel classic:
+#   ATen's vectorized `Vectorized<T>` loops and any ATen op the stable `ops.h` of the target does not declare.
 #
 # What the installed torch ships:
 
@@ -377,6 +451,34 @@ print("test_schema:", str(outcome["test_schema"]).splitlines()[0][:200])
 
 
 # %% [markdown]
+# ## The op under `torch.compile`, forward and backward
+#
+# A pre-norm residual block, `x + rms_norm(x) @ proj`, compiled with `fullgraph=True`, forward and backward.
+# The custom op is one opaque call in the graph. Quick mode compiles with the `aot_eager` backend (traces
+# with the fake kernel and the formula, generates no code); full mode with Inductor (a C++ compiler on a CPU).
+
+# %% tags=["nbval-check-output"]
+def block(x, weight, proj):
+    return x + ext.rms_norm(x, weight) @ proj
+
+
+BACKEND = "inductor" if not QUICK and caps.toolchains["cxx"] else "aot_eager"
+torch._dynamo.reset()
+xb = torch.randn(16, 64, requires_grad=True)
+wb, proj = torch.rand(64, requires_grad=True), torch.randn(64, 64) / 8
+out = torch.compile(block, backend=BACKEND, fullgraph=True)(xb, wb, proj)
+out.square().sum().backward()
+grads_compiled = xb.grad.clone(), wb.grad.clone()
+xb.grad, wb.grad = None, None
+expected = xb + ext.rms_norm_reference(xb, wb) @ proj
+expected.square().sum().backward()
+torch.testing.assert_close(out, expected)
+for got, want in zip(grads_compiled, (xb.grad, wb.grad)):
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+print("torch.compile(fullgraph=True): output and both gradients match eager")
+
+
+# %% [markdown]
 # ## The op in an AOTInductor package
 #
 # `torch._inductor.aoti_compile_and_package` compiles an `ExportedProgram` into a `.pt2` package with a shared
@@ -481,11 +583,36 @@ def time_width(log2_hidden=10):
 interact(time_width, log2_hidden=widgets.IntSlider(value=10, min=4, max=16, step=2));
 
 # %% [markdown]
+# ## The cross-vendor route: a Triton kernel with `torch.library.triton_op`
+#
+# A CUDA kernel would be one more `TORCH_LIBRARY_IMPL(..., CUDA, ...)` block. **Triton** compiles one
+# Python-like source for NVIDIA, AMD and Intel GPUs, and `torch.library.triton_op` makes it an op that
+# `torch.compile` *sees into*: it traces the body with fake tensors (no fake kernel to write) and hands the
+# kernel inside `wrap_triton` to Inductor. Not on a CPU: Triton's interpreter (`TRITON_INTERPRET=1`) is
+# rejected by 2.10's `wrap_triton`, and 2.13 runs it in eager but cannot trace it with fake tensors. On a GPU
+# the cell checks `helpers/ext/triton_kernel.py` against the reference, runs `opcheck` and compiles it.
+
+# %%
+ext.show(ext.SOURCES / "triton_kernel.py", "@triton.jit", "rms_norm.register_autograd")
+if requires("triton_gpu", section="triton_op on a GPU"):
+    from helpers.ext import triton_kernel
+
+    for args in ext.sample_inputs(DEVICE, quick=True):
+        torch.testing.assert_close(triton_kernel.rms_norm(*args), ext.rms_norm_reference(*args),
+                                   atol=2e-2, rtol=2e-2)
+        assert set(torch.library.opcheck(triton_kernel.rms_norm, args).values()) == {"SUCCESS"}
+    ROWS, HIDDEN = (256, 1024) if QUICK else (4096, 4096)      # the core lesson's sizes
+    xg, wg = torch.randn(ROWS, HIDDEN, device=DEVICE), torch.rand(HIDDEN, device=DEVICE)
+    compiled = torch.compile(lambda x, w: x + triton_kernel.rms_norm(x, w, 1e-6), fullgraph=True)
+    torch.testing.assert_close(compiled(xg, wg), xg + ext.rms_norm_reference(xg, wg))
+    print(f"labs_triton::rms_norm on {DEVICE}: matches the reference, opcheck passes, compiles with fullgraph=True")
+
+# %% [markdown]
 # ## What changes on other hardware
 #
 # - **Intel GPU with an XPU torch and `icpx`**: XPU tensors run the SYCL kernel; the CPU kernel still serves
 #   CPU tensors. **Without `icpx`**, XPU tensors run the PyTorch reference through the same op.
-# - **NVIDIA or AMD GPU**: CUDA/ROCm tensors run the reference, or the Triton kernel of the core lesson; a
+# - **NVIDIA or AMD GPU**: CUDA/ROCm tensors run the reference, or the Triton kernel above; a
 #   CUDA or HIP kernel would be one more `TORCH_LIBRARY_IMPL(labs_ext, CUDA, m)` block built with
 #   `CUDAExtension`, and nothing else about the op changes.
 # - **More CPU cores**: `at::parallel_for` spreads the rows over more threads; the reference's passes are

@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | why a batch-1 matmul is bound by the bytes of its weight, measured against this machine's bandwidth; int8 weight-only per channel with `torch._weight_int8pack_mm` and the activation-dtype trap; int4 weight-only packed two codes per byte with `torch._weight_int4pack_mm_for_cpu`, and what its scales and zero points cost; why scales go per channel or per group; the accuracy each format costs on a real labelled task (scikit-learn digits), and what to do when post-training quantization misses |
+# | **What you will learn** | why a batch-1 matmul is bound by its weight's bytes, measured against this machine's bandwidth; int8 weight-only per channel (`torch._weight_int8pack_mm`); int4 packed two codes per byte (`torch._weight_int4pack_mm_for_cpu`) and what its scales and zero points cost; a group size for a size and an accuracy budget; what each format costs on a labelled task (scikit-learn digits), and what to do when post-training quantization misses |
 # | **Prerequisites** | lesson 00; `nn.Linear`, a training loop |
-# | **Hardware** | any CPU: every kernel here is torch's own CPU kernel. scikit-learn runs the accuracy section (skipped with a reason without it). GPUs, FP8, static int8 and QAT are in the deep dive |
-# | **Time** | 42 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); claims about 2.10 are checked against its release notes and source |
+# | **Hardware** | any CPU: every kernel here is torch's own CPU kernel. scikit-learn runs the accuracy section (skipped with a reason without it) |
+# | **Time** | 43 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); claims about 2.10 are checked against its release notes and source |
 #
 # The story: at batch 1 a layer's time is the time to read its weight → so store fewer bytes per weight:
 # int8, then int4 → the scales decide what the fewer bits can represent → what that costs on a real task
@@ -66,12 +66,11 @@ print(f"torch {torch.__version__} · device {DEVICE} · CPU ISA {cpu_capability(
 # Generating one token runs every linear layer on one row of activations (M = 1). Each weight is read
 # once and used for one multiply-add: 2 FLOPs per 4 bytes of fp32. No processor computes that slowly, so
 # the time is the time to read the weight. Fewer bytes per weight, less time: that is the case for
-# weight-only quantization, and accuracy is its price. The lesson runs on the CPU, so it measures the
-# CPU's read bandwidth first (`helpers.bench`, summing a large fp32 tensor). The timings cycle through
-# several copies of the weight, as a forward pass reads a different layer each time, so the weight comes
-# from memory, not from the cache (in full mode: quick mode's small weights can stay in the cache).
-# Every timing runs at `TIMING_THREADS` thread (`bench.compare` hands it to torch.utils.benchmark's Timer,
-# which sets it while measuring and restores it) and a reveal trusts a ratio only when the two candidates'
+# weight-only quantization, and accuracy is its price. The lesson measures the CPU's read bandwidth first
+# (`helpers.bench`, summing a large fp32 tensor). The timings cycle through several copies of the weight,
+# as a forward pass reads a different layer each time, so the weight comes from memory, not from the
+# cache (in full mode: quick mode's small weights can stay in the cache).
+# Every timing runs at `TIMING_THREADS` thread, and a reveal trusts a ratio only when the two candidates'
 # min-max spreads do not overlap (`bench.separated`).
 
 # %%
@@ -163,46 +162,9 @@ print("codes:", q.dtype, tuple(q.shape), "· scales:", scales.dtype, tuple(scale
 print("round-trip error <= scale / 2 in every row; codes equal torch.quantize_per_channel's")
 
 # %% [markdown]
-# `torch._weight_int8pack_mm(x, w_int8[N, K], scales[N])` is PyTorch's int8 weight-only kernel (CPU,
-# CUDA, MPS; 2.10 added XPU). On the CPU its scales must have x's dtype, and the dtype you choose for
-# the activations picks the code path. `Int8WeightOnlyLinear` above fed it bf16 activations.
-
-# %% tags=["predict"]
-trap_guess = predict("The same int8 weights fed fp32 activations instead of bf16 (same answer): against fp32 "
-                     "F.linear at M = 1 it will be...", options=["faster", "about as fast", "slower"],
-                     example="faster")
-
-# %%
-x1 = torch.randn(1, SIZE)
-weights_bf16 = [w.bfloat16() for w in weights]
-paths = {p: [quant.Int8WeightOnlyLinear(layer.q, layer.scales, path=p) for layer in int8_layers]
-         for p in ("int8pack_bf16", "int8pack_fp32")}
-trap = {"fp32 F.linear": cycled(lambda i: F.linear(x1, weights[i])),
-        "bf16 F.linear": cycled(lambda i: F.linear(x1.bfloat16(), weights_bf16[i])),
-        "int8, bf16 activations": cycled(lambda i: paths["int8pack_bf16"][i](x1)),
-        "int8, fp32 activations": cycled(lambda i: paths["int8pack_fp32"][i](x1))}
-with torch.no_grad():
-    trap_result = bench.compare(trap, baseline="fp32 F.linear", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu",
-                                threads=TIMING_THREADS)
-print(bench.table(trap_result))
-fp32_act = trap_result["results"]["int8, fp32 activations"]["ratio_to_baseline"]
-
-# %%
-bf16_act = trap_result["results"]["int8, bf16 activations"]["ratio_to_baseline"]
-trap_apart = bench.separated(trap_result, "int8, fp32 activations", "fp32 F.linear")
-trap_seen = ("about as fast" if not trap_apart else       # overlapping spreads: this run cannot tell them apart
-             "faster" if fp32_act > 1.15 else "slower" if fp32_act < 0.87 else "about as fast")
-reveal(trap_guess, trap_seen,
-       why=("" if trap_apart else f"the two spreads overlapped, so this run counts them as about as fast: {NOISY}. ")
-           + f"Fed fp32, the int8 kernel ran at {fp32_act:.2f}x fp32 F.linear's speed; fed bf16, at {bf16_act:.2f}x. "
-           "The CPU kernel (aten/src/ATen/native/cpu/int8mm_kernel.cpp) is compiled per ISA; on x86 (this CPU: "
-           f"{cpu_capability()}) its vectorized loop is written for bf16 activations, and "
-           + ("this run shows the trap: fp32 activations took the slower path. "
-              if bench.separated(trap_result, "int8, fp32 activations", "int8, bf16 activations") and fp32_act < bf16_act
-              else "yet here the fp32 path was not measurably the slower one (read the spread column, and run the cell "
-              "again). ")
-           + "The aarch64 build vectorizes fp32, fp16 and bf16 alike, so on Graviton or Apple silicon the trap may "
-           "not exist: measure, as the deep dive's quant.choose_fastest_path does.");
+# `Int8WeightOnlyLinear` calls `torch._weight_int8pack_mm(x, w_int8[N, K], scales[N])`, PyTorch's int8
+# weight-only kernel (CPU, CUDA, MPS; 2.10 added XPU), with bf16 activations: on x86 CPUs the kernel's
+# vectorized loop is written for them (fp32 activations are correct too: the deep dive times that path).
 
 # %% [markdown]
 # ## 3 · int4 weight-only: two codes per byte
@@ -210,10 +172,9 @@ reveal(trap_guess, trap_seen,
 # Four bits give 16 codes. With so few, one scale per row is too coarse, so int4 formats keep one scale
 # **per group** of consecutive inputs (32 here) and, since 16 codes leave no room to waste, an asymmetric
 # grid: codes 0..15 and a zero point per group, `w ≈ (q - 8) · scale + zero`. Two codes share a byte.
-# `quant.quantize_int4_packed` writes exactly the layout of torch's CPU kernel
-# `torch._weight_int4pack_mm_for_cpu` (codes packed by `torch._convert_weight_to_int4pack_for_cpu`, a bf16
-# scale and zero per group), the layout torchao's CPU int4 format uses too. Before measuring: what does a
-# weight cost, scales included?
+# `quant.quantize_int4_packed` writes the layout of torch's CPU kernel `torch._weight_int4pack_mm_for_cpu`,
+# a bf16 scale and zero per group (the deep dive checks it). Before measuring: what does a weight cost,
+# scales included?
 
 # %% tags=["predict"]
 BYTES_OPTIONS = ["1 / 0.5 / 0.5", "1 / 0.5 / 0.625", "1 / 0.5 / 1", "1 / 1 / 1.125"]
@@ -224,34 +185,20 @@ bytes_guess = predict(f"Bytes per weight of the {SIZE}x{SIZE} layer at int8 per 
 # %%
 GROUP = 32
 int4_layers = [quant.Int4WeightOnlyLinear(*quant.quantize_int4_packed(w, GROUP), group_size=GROUP) for w in weights]
-layer4 = int4_layers[0]
-n_weights = SIZE * SIZE
+layer4, n_weights = int4_layers[0], SIZE * SIZE
 per_weight = {"fp32": 4.0, "int8 per channel": quant.model_bytes(int8_layers[0]) / n_weights,
               "int4 codes alone": quant.tensor_bytes(layer4.packed) / n_weights,
               "int4 with scales and zeros": quant.model_bytes(layer4) / n_weights}
 for name, b in per_weight.items():
     print(f"{name:<28} {b:.4f} bytes per weight")
 print("int4 tensors:", {name: (t.dtype, tuple(t.shape)) for name, t in layer4.named_buffers()})
-trap["int4, bf16 activations"] = cycled(lambda i: int4_layers[i](x1))
+x1 = torch.randn(1, SIZE)
+at_m1 = {"fp32 F.linear": lambda i: F.linear(x1, weights[i]), "int8, bf16 activations": lambda i: int8_layers[i](x1),
+         "int4, bf16 activations": lambda i: int4_layers[i](x1)}
 with torch.no_grad():
-    int4_result = bench.compare({k: trap[k] for k in ("fp32 F.linear", "int8, bf16 activations", "int4, bf16 activations")},
-                                baseline="fp32 F.linear", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu",
-                                threads=TIMING_THREADS)
+    int4_result = bench.compare({k: cycled(f) for k, f in at_m1.items()}, baseline="fp32 F.linear", repeats=REPEATS,
+                                min_run_time=MIN_RUN_S, device="cpu", threads=TIMING_THREADS)
 print(bench.table(int4_result))
-
-# %% tags=["nbval-check-output"]
-assert quant.model_bytes(int8_layers[0]) == n_weights + 4 * SIZE                 # codes + one fp32 scale per row
-assert quant.model_bytes(layer4) == n_weights // 2 + (SIZE // GROUP) * SIZE * 2 * 2  # packed codes + bf16 scale, zero
-w_small = weights[0][:64, :256]                  # the round trip on a slice: unpacking reads the codes via the kernel
-small4 = quant.Int4WeightOnlyLinear(*quant.quantize_int4_packed(w_small, GROUP), group_size=GROUP)
-w_hat4 = quant.dequantize_int4_packed(small4.packed, small4.scale_and_zero)
-group_range = w_small.reshape(64, -1, GROUP).aminmax(dim=-1)
-step4 = (group_range.max - group_range.min) / 15
-assert ((w_hat4 - w_small).abs().reshape(64, -1, GROUP) <= step4[..., None] * 0.51 + 1e-2).all()
-y4, y4_ref = small4(x1[:, :256]), F.linear(x1[:, :256], w_hat4)
-assert ((y4 - y4_ref).norm() / y4_ref.norm()) < 2e-2, "the int4 kernel disagrees with its dequantized weight"
-print("bytes counted from the tensors: int8 = codes + scales, int4 = codes packed two per byte + scales + zeros")
-print("int4 round trip within about half a step of its group; the kernel matches its dequantized weight")
 
 # %%
 measured_bytes = (per_weight["int8 per channel"], per_weight["int4 codes alone"], per_weight["int4 with scales and zeros"])
@@ -275,10 +222,11 @@ reveal(bytes_guess, closest,
 # ## 4 · Scales and granularity
 #
 # A scale trades rounding error (a big scale makes coarse steps) against clipping (a small scale clips the
-# largest values). Min-max scales never clip, so one outlier stretches the grid for every weight that
-# shares its scale. Below: a layer with one large weight and one row eight times larger than the rest,
-# rounded to 4 bits with a scale per tensor, per row and per group. The error is measured as the
-# signal-to-quantization-noise ratio, SQNR = 10·log10(‖w‖² / ‖w − ŵ‖²) in dB: each extra bit adds about 6 dB.
+# largest values). Min-max scales never clip, so one outlier coarsens the steps of every weight that
+# shares its scale: per tensor all of them, per channel its row, per group its group. Finer groups cost
+# bytes: each group stores its scale. The layer below has one large weight and one row eight times larger
+# than the rest. The error is the signal-to-quantization-noise ratio, SQNR = 10·log10(‖w‖² / ‖w − ŵ‖²) in
+# dB: each extra bit adds about 6 dB. (The deep dive measures each granularity on this layer.)
 
 # %%
 def outlier_layer(outlier: float = 50.0, seed: int = 0) -> torch.Tensor:
@@ -288,7 +236,6 @@ def outlier_layer(outlier: float = 50.0, seed: int = 0) -> torch.Tensor:
     w[10] *= 8                   # one row much larger than the rest
     return w
 
-
 def int4_sqnr(w: torch.Tensor, group_size: int | None) -> float:
     """Symmetric 4-bit rounding: one scale per tensor (None) or per group of inputs (the row length: per channel)."""
     if group_size is None:
@@ -296,34 +243,20 @@ def int4_sqnr(w: torch.Tensor, group_size: int | None) -> float:
     q4, s4 = quant.quantize_per_group(w, group_size, bits=4)
     return quant.sqnr_db(w, quant.dequantize_per_group(q4, s4))
 
-
 w_out = outlier_layer()
-granularity = {"per tensor": int4_sqnr(w_out, None), "per channel (group 512)": int4_sqnr(w_out, 512),
-               "per group of 128": int4_sqnr(w_out, 128), "per group of 32": int4_sqnr(w_out, 32)}
-for name, db in granularity.items():
-    print(f"int4, one fp32 scale {name:<24} SQNR {db:5.1f} dB")
-
-# %% tags=["nbval-check-output"]
-values = list(granularity.values())
-assert all(a < b for a, b in zip(values, values[1:])), granularity
-print("int4 SQNR rises at every step: per tensor < per channel < per group of 128 < per group of 32")
 
 # %% [markdown]
-# Per tensor, the outlier sets the step for all 32,768 weights and most round to zero. Per channel, it
-# spoils only its own row; per group, only its own group. Finer groups cost bytes: each group stores its
-# scale (4 bytes in fp32 here).
-#
 # ### Your turn: meet a size budget and an accuracy budget
 #
 # The layer above must ship at int4 with **SQNR of at least 20 dB** and **at most 0.7 bytes per weight**,
-# scales included (the codes alone are 0.5 bytes). Change `GROUP_SIZE` (a divisor of 512).
+# scales included (the codes alone are 0.5 bytes; each scale here is 4 bytes, fp32). Change `GROUP_SIZE`
+# (a divisor of 512).
 
 # %% tags=["your-turn"]
 GROUP_SIZE = 512
 
 # %%
 from helpers.checks import fail, your_turn
-
 
 def check_budget():
     if 512 % GROUP_SIZE:
@@ -337,7 +270,6 @@ def check_budget():
         fail("accuracy budget", f"SQNR {db:.1f} dB",
              "a scale shared by too many weights is stretched by the largest of them")
 
-
 your_turn(check_budget, what="an int4 group size within both budgets");
 
 # %% [markdown]
@@ -349,6 +281,11 @@ your_turn(check_budget, what="an int4 group size within both budgets");
 # the test images each variant gets wrong. The int4 kernel needs out_features divisible by 16, so the
 # 10-class head stays int8 in the int4 row. The last row rounds to 2 bits (three levels) per group of 16,
 # to see what a miss looks like. Without scikit-learn (the minimal environment) the section is skipped.
+
+# %% tags=["predict"]
+DIGITS_OPTIONS = ["none more, or fewer", "1 to 5 more", "6 to 20 more", "more than 20 more"]
+int4_task_guess = predict("Packed int4 (group 32, head int8) against fp32 on the same test images: how many more "
+                          "will it get wrong?", options=DIGITS_OPTIONS, example="1 to 5 more")
 
 # %%
 HAVE_SKLEARN = requires("sklearn", section="Accuracy on scikit-learn digits")
@@ -392,6 +329,13 @@ if HAVE_SKLEARN:
     assert digits["int4 packed, group 32 (head int8)"]["accuracy"] >= base - 0.03, digits
     assert digits["int2 per group of 16 (rounded, kept fp32)"]["accuracy"] < base - 0.02, digits
     print("int8 within 1 point of fp32's test accuracy, packed int4 within 3; 2-bit rounding loses more than 2")
+    more = digits["int4 packed, group 32 (head int8)"]["wrong"] - digits["fp32"]["wrong"]
+    reveal(int4_task_guess, DIGITS_OPTIONS[(more > 0) + (more > 5) + (more > 20)],
+           why=f"wrong answers on {len(dx_test)} test images: "
+               + "; ".join(f"{name} {d['wrong']}" for name, d in digits.items())
+               + ". A scale per group of 32 moves each weight at most half a step of its own group's grid.");
+else:
+    print("no reveal: the digits section was skipped (scikit-learn is not installed)")
 
 # %% [markdown]
 # **What the numbers mean.** The wrong-answer column is the honest unit: one image moves the accuracy by
@@ -405,25 +349,23 @@ if HAVE_SKLEARN:
 # the accuracy budget, as the 2-bit row does, the remedies in order of cost:
 #
 # 1. **More bits or finer groups** for the layers that lose the most (measure one layer at a time).
-# 2. **Calibrated PTQ**, which looks at activations from a few real inputs: [GPTQ](https://arxiv.org/abs/2210.17323)
-#    rounds a layer's weights column by column and corrects the error it leaves with second-order
-#    information; [AWQ](https://arxiv.org/abs/2306.00978) scales up the input channels that large activations
-#    hit before rounding. torchao ships both (prototypes in 0.16).
+# 2. **Calibrated PTQ**, which looks at activations from a few real inputs to round better:
+#    [GPTQ](https://arxiv.org/abs/2210.17323) and [AWQ](https://arxiv.org/abs/2306.00978), torchao
+#    prototypes in 0.16 (the deep dive says how each works).
 # 3. **Quantization-aware training (QAT)**: fine-tune with the rounding in the forward pass, so the
 #    weights learn to survive it. The deep dive runs it against a fair control: the fp32 model fine-tuned
 #    for the same steps.
 #
 # Weight-only quantization speeds up the memory-bound batch-1 case. When batches are large, the matmul
-# is compute-bound and the activations must be quantized too, so the multiply itself runs in int8 or FP8:
-# dynamic int8, static int8 with calibrated activation scales (PT2E), and FP8 on GPUs, all in the deep dive.
+# is compute-bound and the activations must be quantized too, so the multiply itself runs in int8 or FP8
+# (dynamic or static int8, FP8: the deep dive).
 #
 # ## 7 · Summary
 #
-# What this run measured, in one table: bytes per weight from the tensors, batch-1 speed against fp32 on
-# the `SIZE x SIZE` layer, and test accuracy on digits.
+# What this run measured, in one table (speed at M = 1 on the `SIZE x SIZE` layer).
 
 # %%
-timed = {**trap_result["results"], **int4_result["results"]}
+timed = int4_result["results"]
 rows = {"fp32": ("fp32 F.linear", 4.0, "fp32"),
         "int8 weight-only, per channel": ("int8, bf16 activations", per_weight["int8 per channel"], "int8 per channel"),
         "int4 weight-only, packed, group 32": ("int4, bf16 activations", per_weight["int4 with scales and zeros"],
@@ -438,21 +380,16 @@ if int4_noisy:
     print(f"* its min-max spread overlaps fp32's: {NOISY}")
 
 # %% [markdown]
-# On a GPU the thesis is the same and the bandwidth is larger (e.g. 4.8 TB/s on an H200,
-# https://www.nvidia.com/en-us/data-center/h200/): decode stays memory-bound, and the production path is
-# torchao's `quantize_(model, Int8WeightOnlyConfig())` or, on NVIDIA GPUs,
-# `Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")`, followed by
-# `torch.compile`, which fuses the dequantization into the matmul (the deep dive runs both).
+# On a GPU decode stays memory-bound (an H200 reads 4.8 TB/s, https://www.nvidia.com/en-us/data-center/h200/),
+# and the production path is torchao's `quantize_(model, Int8WeightOnlyConfig())` or, on NVIDIA GPUs,
+# `Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")`, then `torch.compile`,
+# which fuses the dequantization into the matmul.
 #
 # ## Going further
 #
-# [The deep dive](05_quantization_deep_dive.ipynb) holds the rest: the int8 kernel's paths and thread
-# counts, chosen by measurement, and the ISA pitfalls that crash it (K on AVX2 vs AVX512); calibrators
-# (min-max, percentile, MSE) and zero points; dynamic int8 the deprecated `torch.ao` way and the torchao
-# way, eager and compiled; QAT in full, by hand and with torchao's `QATConfig`, against an fp32 control;
-# static int8 with PT2E (`strict=True` export, calibration), lowered and timed through Inductor; FP8
-# `scaled_mm` row-wise vs tensor-wise; on a GPU, torchao's int8, int4 and FP8
-# (`Float8DynamicActivationFloat8WeightConfig`) configs compiled, at decode and prefill sizes; torchao int4
-# and HQQ on the CPU; the XPU int8 kernel. Read it before you deploy a quantized model
-# or choose a format for a GPU. Then [lab 05](../labs/05_quantization_lab.ipynb): quantize a model to a
-# size and agreement budget.
+# [The deep dive](05_quantization_deep_dive.ipynb) holds the rest: the int8 kernel's paths, among them
+# the trap of feeding it fp32 activations, the int4 layout checked, and the ISA pitfalls; SQNR per
+# tensor, channel and group on section 4's layer, calibrators and zero points; dynamic int8, QAT, static
+# int8 with PT2E lowered through Inductor, FP8; torchao's configs compiled on a
+# GPU and on the CPU (int4, HQQ); the XPU kernel. Read it before you deploy a quantized model. Then
+# [lab 05](../labs/05_quantization_lab.ipynb): quantize a model to a size and agreement budget.

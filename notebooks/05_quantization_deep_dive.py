@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | the int8 kernel's devices and paths; calibrators and zero points; dynamic int8 with `torch.ao` (deprecated) and torchao; QAT by hand and with torchao's `QATConfig`, against an fp32 control; static int8 with PT2E, lowered through Inductor; FP8 `scaled_mm` row-wise vs tensor-wise, and on an FP8 GPU; torchao's int8, int4 and FP8 configs compiled on a GPU; choosing a format for a size and error budget; the CPU kernels' ISA pitfalls |
+# | **What you will learn** | the int8 kernel's devices and paths, and what fp32 activations cost it; the int4 CPU kernel's layout, checked; int4 per tensor, per channel and per group; calibrators and zero points; dynamic int8 with `torch.ao` (deprecated) and torchao; QAT by hand and with torchao's `QATConfig`, against an fp32 control; static int8 with PT2E, lowered through Inductor; FP8 `scaled_mm` row-wise vs tensor-wise, and on an FP8 GPU; torchao's int8, int4 and FP8 configs compiled on a GPU; choosing a format for a size and error budget; the CPU kernels' ISA pitfalls |
 # | **Prerequisites** | [lesson 05](05_quantization.ipynb) |
 # | **Hardware** | any CPU (every numeric section, FP8 included). torchao, a C++ compiler (full mode's compiled rows), an FP8 GPU (NVIDIA sm_89+, AMD MI300+) and an Intel GPU each run their sections; a section without them says what it skipped |
-# | **Time** | 74 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); claims about 2.10 are checked against its release notes and source. torchao 0.16.0 is the release paired with torch 2.10 |
+# | **Time** | 117 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); claims about 2.10 are checked against its release notes and source. torchao 0.16.0 is the release paired with torch 2.10 |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -62,6 +62,62 @@ print(f"torch {torch.__version__} · device {DEVICE} · {caps.device_name} · CP
 # %% [markdown]
 # ## 1 · The int8 kernel: which devices, which path
 #
+# `torch._weight_int8pack_mm(x, w_int8[N, K], scales[N])` is PyTorch's int8 weight-only kernel (CPU,
+# CUDA, MPS; 2.10 added XPU). On the CPU its scales must have x's dtype, and the dtype you choose for
+# the activations picks the code path. The core lesson's `Int8WeightOnlyLinear` fed it bf16 activations.
+# The timings run as the core lesson's do: at one thread, cycling through copies of the weight so that it
+# comes from memory, trusting a ratio only when the min-max spreads do not overlap (`bench.separated`).
+
+# %% tags=["predict"]
+trap_guess = predict("The same int8 weights fed fp32 activations instead of bf16 (same answer): against fp32 "
+                     "F.linear at M = 1 it will be...", options=["faster", "about as fast", "slower"],
+                     example="faster")
+
+# %%
+TIMING_THREADS = 1        # timings run at this fixed count: all threads on a busy machine swing by several times
+NOISY = "too noisy here to tell; run again or use fewer threads"
+COPIES = 2 if QUICK else 4                     # distinct weights cycled, together larger than the cache
+weights = [weight] + [torch.randn(SIZE, SIZE) / SIZE**0.5 for _ in range(COPIES - 1)]
+int8_layers = [quant.Int8WeightOnlyLinear(*quant.quantize_per_channel(w)) for w in weights]
+turn = {"i": 0}
+
+def cycled(call):                              # each call reads the next copy's weight
+    def run():
+        turn["i"] = (turn["i"] + 1) % COPIES
+        return call(turn["i"])
+    return run
+
+weights_bf16 = [w.bfloat16() for w in weights]
+paths = {p: [quant.Int8WeightOnlyLinear(layer.q, layer.scales, path=p) for layer in int8_layers]
+         for p in ("int8pack_bf16", "int8pack_fp32")}
+trap = {"fp32 F.linear": cycled(lambda i: F.linear(x1, weights[i])),
+        "bf16 F.linear": cycled(lambda i: F.linear(x1.bfloat16(), weights_bf16[i])),
+        "int8, bf16 activations": cycled(lambda i: paths["int8pack_bf16"][i](x1)),
+        "int8, fp32 activations": cycled(lambda i: paths["int8pack_fp32"][i](x1))}
+with torch.no_grad():
+    trap_result = bench.compare(trap, baseline="fp32 F.linear", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu",
+                                threads=TIMING_THREADS)
+print(bench.table(trap_result))
+fp32_act = trap_result["results"]["int8, fp32 activations"]["ratio_to_baseline"]
+
+# %% tags=["reveal"]
+bf16_act = trap_result["results"]["int8, bf16 activations"]["ratio_to_baseline"]
+trap_apart = bench.separated(trap_result, "int8, fp32 activations", "fp32 F.linear")
+trap_seen = ("about as fast" if not trap_apart else       # overlapping spreads: this run cannot tell them apart
+             "faster" if fp32_act > 1.15 else "slower" if fp32_act < 0.87 else "about as fast")
+reveal(trap_guess, trap_seen,
+       why=("" if trap_apart else f"the two spreads overlapped, so this run counts them as about as fast: {NOISY}. ")
+           + f"Fed fp32, the int8 kernel ran at {fp32_act:.2f}x fp32 F.linear's speed; fed bf16, at {bf16_act:.2f}x. "
+           "The CPU kernel (aten/src/ATen/native/cpu/int8mm_kernel.cpp) is compiled per ISA; on x86 (this CPU: "
+           f"{cpu_capability()}) its vectorized loop is written for bf16 activations, and "
+           + ("this run shows the trap: fp32 activations took the slower path. "
+              if bench.separated(trap_result, "int8, fp32 activations", "int8, bf16 activations") and fp32_act < bf16_act
+              else "yet here the fp32 path was not measurably the slower one (read the spread column, and run the cell "
+              "again). ")
+           + "The aarch64 build vectorizes fp32, fp16 and bf16 alike, so on Graviton or Apple silicon the trap may "
+           "not exist: measure, as quant.choose_fastest_path does in the next cell.");
+
+# %% [markdown]
 # `torch._weight_int8pack_mm` is declared per device in torch's operator list; 2.10 added the XPU kernel
 # (#160938). The cell reads that list and asks the dispatcher which kernels this build has. Since the fastest
 # path depends on the device, its ISA and the build, `quant.choose_fastest_path` runs every path (bf16 or
@@ -85,6 +141,30 @@ for path in quant.INT8_PATHS:
     err = choice["errors"][path]
     shown = f"{err:.1e}" if isinstance(err, float) else err
     print(f"  {path:<15} relative error {shown:<10} time {choice['times_s'].get(path, float('nan')) * 1e3:.3f} ms")
+
+# %% [markdown]
+# ### The int4 CPU kernel's layout, checked
+#
+# The core lesson's `quant.quantize_int4_packed` writes exactly the layout of torch's CPU kernel
+# `torch._weight_int4pack_mm_for_cpu` (codes packed by `torch._convert_weight_to_int4pack_for_cpu`, a bf16
+# scale and zero per group), the layout torchao's CPU int4 format uses too. The check counts the bytes from
+# the tensors, and runs the round trip and a matmul through the kernel.
+
+# %% tags=["nbval-check-output"]
+GROUP, n_weights = 32, SIZE * SIZE
+layer4 = quant.Int4WeightOnlyLinear(*quant.quantize_int4_packed(weight, GROUP), group_size=GROUP)
+assert quant.model_bytes(int8_layers[0]) == n_weights + 4 * SIZE                 # codes + one fp32 scale per row
+assert quant.model_bytes(layer4) == n_weights // 2 + (SIZE // GROUP) * SIZE * 2 * 2  # packed codes + bf16 scale, zero
+w_small = weights[0][:64, :256]                  # the round trip on a slice: unpacking reads the codes via the kernel
+small4 = quant.Int4WeightOnlyLinear(*quant.quantize_int4_packed(w_small, GROUP), group_size=GROUP)
+w_hat4 = quant.dequantize_int4_packed(small4.packed, small4.scale_and_zero)
+group_range = w_small.reshape(64, -1, GROUP).aminmax(dim=-1)
+step4 = (group_range.max - group_range.min) / 15
+assert ((w_hat4 - w_small).abs().reshape(64, -1, GROUP) <= step4[..., None] * 0.51 + 1e-2).all()
+y4, y4_ref = small4(x1[:, :256]), F.linear(x1[:, :256], w_hat4)
+assert ((y4 - y4_ref).norm() / y4_ref.norm()) < 2e-2, "the int4 kernel disagrees with its dequantized weight"
+print("bytes counted from the tensors: int8 = codes + scales, int4 = codes packed two per byte + scales + zeros")
+print("int4 round trip within about half a step of its group; the kernel matches its dequantized weight")
 
 
 # %% [markdown]
@@ -126,6 +206,38 @@ for bits, t in tables.items():
 assert tables[4]["per tensor, percentile"] > tables[4]["per tensor, minmax"]
 print("per channel beats per tensor for every calibrator, at 8 and 4 bits")
 print("MSE is never worse than min-max; at 4 bits per tensor, clipping the outlier (percentile) beats min-max")
+
+
+# %% [markdown]
+# ### Granularity: per tensor, per channel, per group
+#
+# Min-max scales never clip, so one outlier stretches the grid for every weight that shares its scale. Below:
+# the same layer rounded to 4 bits with a min-max scale per tensor, per row and per group, as the core
+# lesson's your-turn does (`int4_sqnr`, the core lesson's function).
+
+# %%
+def int4_sqnr(w: torch.Tensor, group_size: int | None) -> float:
+    """Symmetric 4-bit rounding: one scale per tensor (None) or per group of inputs (the row length: per channel)."""
+    if group_size is None:
+        return quant.sqnr_db(w, quant.fake_quantize(w, quant.minmax_scale(w, 4), 4))
+    q4, s4 = quant.quantize_per_group(w, group_size, bits=4)
+    return quant.sqnr_db(w, quant.dequantize_per_group(q4, s4))
+
+
+granularity = {"per tensor": int4_sqnr(w_out, None), "per channel (group 512)": int4_sqnr(w_out, 512),
+               "per group of 128": int4_sqnr(w_out, 128), "per group of 32": int4_sqnr(w_out, 32)}
+for name, db in granularity.items():
+    print(f"int4, one fp32 scale {name:<24} SQNR {db:5.1f} dB")
+
+# %% tags=["nbval-check-output"]
+values = list(granularity.values())
+assert all(a < b for a, b in zip(values, values[1:])), granularity
+print("int4 SQNR rises at every step: per tensor < per channel < per group of 128 < per group of 32")
+
+# %% [markdown]
+# Per tensor, the outlier sets the step for all 32,768 weights and most round to zero. Per channel, it
+# spoils only its own row; per group, only its own group. Finer groups cost bytes: each group stores its
+# scale (4 bytes in fp32 here).
 
 # %% [markdown]
 # ### Symmetric or asymmetric: what a zero point buys
@@ -734,7 +846,9 @@ if requires("xpu", section="int8 weight-only kernel on Intel GPU"):
 # weight-only variants use torch's packed CPU kernel, with min-max scales or
 # [HQQ](https://mobiusml.github.io/hqq_blog/)'s, optimised on the weights alone. Calibrated methods
 # ([GPTQ](https://arxiv.org/abs/2210.17323), [AWQ](https://arxiv.org/abs/2306.00978),
-# [SmoothQuant](https://arxiv.org/abs/2211.10438)) are torchao prototypes (`torchao/prototype/` in 0.16).
+# [SmoothQuant](https://arxiv.org/abs/2211.10438)) are torchao prototypes (`torchao/prototype/` in 0.16):
+# GPTQ rounds a layer's weights column by column and corrects the error it leaves with second-order
+# information; AWQ scales up the input channels that large activations hit before rounding.
 
 # %%
 def swapped(make_layer) -> nn.Module:
@@ -873,7 +987,7 @@ print("bf16 holds half of fp32's bytes, each 8-bit variant under 1/3.5 of them (
 #   https://www.nvidia.com/en-us/data-center/h200/) decode is still memory-bound: weight-only int8 or int4
 #   still pays (section 6). **Intel GPUs**: section 6's XPU cell; IPEX is no longer needed.
 # - **Arm CPUs**: the aarch64 build of `int8mm_kernel.cpp` vectorizes fp32, fp16 and bf16 activations alike,
-#   so the core lesson's fp32-activation trap may not exist there: measure with `choose_fastest_path`.
+#   so section 1's fp32-activation trap may not exist there: measure with `choose_fastest_path`.
 # - **Apple (MPS)**: `_weight_int8pack_mm` has an MPS kernel (N and K multiples of 32).
 #
 # ## Pitfalls (each one run here, with its real error)

@@ -3,16 +3,14 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | which kernel `F.scaled_dot_product_attention` runs and why: constraints, priority order (per release and cuDNN), forcing one with `sdpa_kernel`, the error when none fits and its reasons; the memory the MATH fallback spends, measured; ragged batches: padding + mask, jagged nested tensors, 2.10's `varlen_attn`; FlexAttention for masks SDPA cannot express: how `create_block_mask` builds its mask, measured against padding |
+# | **What you will learn** | which kernel `F.scaled_dot_product_attention` runs and why: constraints, priority order (per release and cuDNN); the memory the MATH fallback spends, measured; ragged batches: padding + mask, jagged nested tensors, 2.10's `varlen_attn`; FlexAttention for masks SDPA cannot express: how `create_block_mask` builds its mask, and a window mask of your own |
 # | **Prerequisites** | lesson 00; what attention computes (softmax(QKᵀ/√d)·V) |
-# | **Hardware** | any CPU. On an NVIDIA or AMD GPU with a flash kernel (not Colab's T4) the backend story runs there, in bf16; an NVIDIA GPU (A100 or newer) also runs `varlen_attn` against padding and nested tensors |
-# | **Time** | 45 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
+# | **Hardware** | any CPU. On an NVIDIA or AMD GPU with a flash kernel (not Colab's T4) the backend story runs there, in bf16 |
+# | **Time** | 43 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
 #
 # The story: one function, several kernels → which one runs, and why → what the fallback costs →
-# batches of unequal lengths → masks SDPA cannot express. 2.10 added
-# `torch.nn.attention.varlen.varlen_attn` for packed batches of unequal lengths
-# ([PR #164502](https://github.com/pytorch/pytorch/pull/164502), release issue #171814).
+# batches of unequal lengths (2.10's `varlen_attn`) → masks SDPA cannot express.
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -45,29 +43,27 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from helpers import attention, bench
-from helpers.device import capabilities, pick_device, quick_mode, requires
+from helpers.device import capabilities, pick_device, quick_mode
 from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
 if QUICK:
     SEQ_LENS, RAGGED_LENGTHS = [256, 512], [17, 40, 9, 128, 300]
-# The story runs on an NVIDIA or AMD GPU (torch calls both "cuda") whose flash kernel runs, in bf16 (fp16
-# where the GPU has no bf16): CUDA's flash takes fp16/bf16 only. Elsewhere (a CPU, an Intel or Apple GPU, or
-# a GPU without flash such as Colab's T4) it runs on the CPU in fp32.
+# The story runs on an NVIDIA or AMD GPU ("cuda" to torch) whose flash kernel runs, in bf16 (fp16 without
+# bf16: CUDA's flash takes fp16/bf16 only); elsewhere (CPU, Intel or Apple GPU, T4) on the CPU in fp32.
 GPU_DTYPE = torch.bfloat16 if capabilities().bf16 else torch.float16
 GPU_FLASH = DEVICE.type == "cuda" and attention.flash_runs_on(DEVICE, GPU_DTYPE)
 STORY = DEVICE if GPU_FLASH else torch.device("cpu")
 STORY_DTYPE = GPU_DTYPE if GPU_FLASH else torch.float32
 if DEVICE.type == "cuda" and not GPU_FLASH:
     print(f"SDPA's flash kernel does not run on this GPU ({capabilities().arch}; CUDA's needs sm80+), so the backend "
-          "story below runs on the CPU; the ragged-batch section still uses the GPU where it can.")
+          "story below runs on the CPU.")
 if STORY.type == "cuda":
     SEQ_LENS = [1024, 4096] if QUICK else [1024, 2048, 4096, 8192]
-REPEATS, MIN_RUN_S = (3, 0.02) if QUICK else (5, 0.1)
+MIN_RUN_S = 0.02 if QUICK else 0.1
 TIMING_THREADS, TIMING_REPEATS = 1, 5 if QUICK else 7     # the timing a reveal quotes: fixed threads, more repeats
 torch.manual_seed(0)
 print(f"torch {torch.__version__} · device {DEVICE} · the backend story on {STORY} in "
@@ -89,10 +85,9 @@ print(f"torch {torch.__version__} · device {DEVICE} · the backend story on {ST
 # SDPA tries the backends in a **priority order** and runs the first whose checks the inputs pass (dtype,
 # head size, mask, dropout, layout). On a CPU the order is fixed: flash, then MATH (`sdp_utils_cpp.cpp` in
 # `aten/src/ATen/native/transformers/`). On CUDA it is `torch._C._get_sdp_priority_order()`, and it depends on
-# the release and the cuDNN: cuDNN went first on sm90/sm100 GPUs with #162073 (for 2.9); since #171627
-# (January 2026, in 2.10's `cuda/sdp_utils.cpp`) only if the cuDNN loaded at run time is newer than 9.15, and
-# `TORCH_CUDNN_SDPA_DEPRIORITIZED=1` turns that off. Two wheels of one release can pick differently on the
-# same H100: print the order where you run (the deep dive does, on a GPU).
+# the release and on the cuDNN loaded at run time (2.10 puts cuDNN first on sm90/sm100 only if it is newer
+# than 9.15; the deep dive traces why): two wheels of one release can pick differently on the same H100, so
+# print the order where you run.
 #
 # To see what ran, `torch.profiler` lists the ops of the call: a fused kernel under its own name, the
 # fallback as `aten::_scaled_dot_product_attention_math`. `attention.backend_that_runs` records the ops
@@ -153,81 +148,13 @@ else:
 reveal(backend_guess, ran[QUESTION], why=backend_why);
 
 # %% [markdown]
-# ## Forcing one, and the error when none fits
-#
-# `with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):` restricts the choice to the listed backends
-# (`set_priority=True` also makes the list's order the priority order). When none of them takes the
-# inputs, SDPA raises `RuntimeError: No available kernel`. The reasons come just before it as warnings:
-# the selector re-runs each backend's checks with debug on, and every failed check emits one
-# (`sdp_utils_cpp.cpp`; `sdp_utils.cpp` on CUDA). `attention.decline_reasons` catches them. A backend with
-# no kernel for the device at all fails with "No viable backend" and no reasons.
-
-# %%
-forced = {"flash forced, 8 q heads, 2 k/v heads, no enable_gqa": (cases["8 q heads, 2 k/v heads"][0], q[:, :2],
-                                                                q[:, :2], ["FLASH_ATTENTION"], {})}
-if STORY.type == "cuda":
-    forced["flash forced, boolean mask"] = (q, q, q, ["FLASH_ATTENTION"], {"attn_mask": mask_128})
-    forced["flash forced, fp32"] = (q.float(), q.float(), q.float(), ["FLASH_ATTENTION"], {})
-else:
-    forced["flash forced, dropout_p=0.1"] = (q, q, q, ["FLASH_ATTENTION"], {"dropout_p": 0.1})
-    forced["EFFICIENT_ATTENTION forced"] = (q, q, q, ["EFFICIENT_ATTENTION"], {})
-for label, (qq, kk, vv, allowed, kwargs) in forced.items():
-    outcome, reasons = attention.decline_reasons(qq, kk, vv, allowed, **kwargs)
-    print(f"{label}: {outcome}" + "".join(f"\n    warning: {r}" for r in reasons))
-
-# %% tags=["nbval-check-output"]
-q_cpu = q.cpu().float()    # both CPU kernels take fp32 and masks: the float64 check runs on the CPU everywhere
-mask = torch.rand(128, 128) > 0.2
-mask.fill_diagonal_(True)       # every query keeps at least one key
-for label, kwargs in {"plain": {}, "causal": {"is_causal": True}, "boolean mask": {"attn_mask": mask}}.items():
-    ref = attention.sdpa_reference(q_cpu, q_cpu, q_cpu, **kwargs)
-    for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
-        with sdpa_kernel([backend]):
-            err = (F.scaled_dot_product_attention(q_cpu, q_cpu, q_cpu, **kwargs) - ref).abs().max().item()
-        assert err < 1e-5, (label, backend, err)
-    print(f"{label:<13} MATH and FLASH_ATTENTION forced: both match the float64 reference (max error < 1e-5)")
-
-# %% [markdown]
-# ### Your turn: make flash eligible
-#
-# A model's attention call does not get `FLASH_ATTENTION` on this device (the GPU when there is one).
-# Change **one** value in `MY_CALL` so that `FLASH_ATTENTION` runs. Keep 8 query heads and 2 key/value heads
-# (grouped-query attention). The check prints the reasons flash gave: read them before you guess.
-
-# %% tags=["your-turn"]
-START_CALL = {"dtype": torch.bfloat16, "q_heads": 8, "kv_heads": 2, "enable_gqa": True, "v_head_dim": 48,
-              "dropout_p": 0.0}
-MY_CALL = {"dtype": torch.bfloat16, "q_heads": 8, "kv_heads": 2, "enable_gqa": True, "v_head_dim": 48,
-           "dropout_p": 0.0}
-
-# %%
-from helpers.checks import check_equal, fail, your_turn
-
-
-def check_call():
-    changed = [key for key in START_CALL if MY_CALL.get(key) != START_CALL[key]]
-    if len(changed) > 1 or (MY_CALL["q_heads"], MY_CALL["kv_heads"]) != (8, 2):
-        fail("MY_CALL", f"changed {changed}", "change one value, and keep 8 query heads and 2 key/value heads")
-    qq = torch.randn(1, 8, 64, 64, dtype=MY_CALL["dtype"], device=STORY)
-    kk = torch.randn(1, 2, 64, 64, dtype=MY_CALL["dtype"], device=STORY)
-    vv = torch.randn(1, 2, 64, MY_CALL["v_head_dim"], dtype=MY_CALL["dtype"], device=STORY)
-    outcome, reasons = attention.decline_reasons(qq, kk, vv, ["FLASH_ATTENTION"], dropout_p=MY_CALL["dropout_p"],
-                                                 enable_gqa=MY_CALL["enable_gqa"])
-    check_equal(outcome, "ran FLASH_ATTENTION", what="flash forced on MY_CALL",
-                hint="flash declined: " + " ".join(reasons[1:])[:300])
-
-
-your_turn(check_call, what="make flash eligible");
-
-# %% [markdown]
 # ## What the fallback costs: the score matrix
 #
 # MATH writes the `batch × heads × seq × seq` scores, then their softmax, before the second matmul; flash
 # keeps one tile per thread and writes only the output and one log-sum-exp per row.
 # `attention.forward_peak_memory` reads the peak one causal forward held beyond its inputs
 # (`torch.profiler(profile_memory=True)` on a CPU, the allocator's statistics on a GPU).
-# `attention.time_backends` times both (on a CPU at `TIMING_THREADS` thread); the reveal quotes a speed
-# ratio only when the two min-max spreads do not overlap.
+# `attention.time_backends` times both (on a CPU at `TIMING_THREADS` thread).
 
 # %% tags=["predict"]
 memory_guess = predict(f"At seq {SEQ_LENS[-1]} ({HEADS} heads × {HEAD_DIM}, {story_dtype}, on {STORY.type}), how many "
@@ -280,8 +207,6 @@ reveal(memory_guess, math_peak / flash_peak,
            f"The gap grows with seq²: from seq {SEQ_LENS[0]} to {longest} MATH's peak grew "
            f"{math_peak / memory['peak_bytes'][SEQ_LENS[0]]['MATH']:.0f}x. In training it stays alive until the "
            "backward, per layer. " + time_verdict);
-
-# %% tags=["reveal"]
 reveal(bf16_guess, "about half" if bf16_ratio < 0.75 else "about the same" if bf16_ratio < 1.5 else "about double",
        why=f"bf16 held {bf16_ratio:.2f} of fp32's peak. MATH upcasts fp16/bf16 inputs and keeps every intermediate "
            "in fp32 (the SDPA docstring in torch/nn/functional.py; "
@@ -298,8 +223,10 @@ reveal(bf16_guess, "about half" if bf16_ratio < 0.75 else "about the same" if bf
 #    but the kernel computes scores for the padding too, `batch × longest²` of them.
 # 2. **Jagged nested tensor**: `torch.nested.nested_tensor_from_jagged(values, offsets)` holds the packed
 #    tokens and their offsets; SDPA takes it directly, no padding stored.
-# 3. **`varlen_attn`** (2.10): the same packed tokens and int32 offsets (`cu_seq_q`, `cu_seq_k`) go to a
-#    flash kernel that never sees padding. NVIDIA only (A100 or newer), fp16/bf16.
+# 3. **`torch.nn.attention.varlen.varlen_attn`** (new in 2.10,
+#    [PR #164502](https://github.com/pytorch/pytorch/pull/164502), release issue #171814): the same packed
+#    tokens and int32 offsets (`cu_seq_q`, `cu_seq_k`) go to a flash kernel that never sees padding. NVIDIA
+#    only (A100 or newer), fp16/bf16.
 #
 # `attention.pack` builds the packed `(total_tokens, heads, head_dim)` tensor and the offsets that 2 and 3 use.
 
@@ -345,30 +272,6 @@ except NotImplementedError as exc:
 # is_causal=False, return_aux=None)` (`torch/nn/attention/varlen.py`) asks for causal masking with
 # `is_causal=True`; later releases dropped `is_causal` for `window_size=(-1, 0)`.
 # `attention.varlen_causal_kwargs()` reads the installed signature.
-#
-# On an NVIDIA GPU the next cell checks `varlen_attn` against float64 and times the three ways at sizes
-# where the kernels, not Python, dominate: every input is padded or packed beforehand, so a timed call is
-# one attention call.
-
-# %%
-if requires("cuda", "bf16", section="varlen_attn on the GPU"):
-    gpu_seqs = attention.random_ragged(RAGGED_LENGTHS, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
-    for causal in (False, True):
-        err = attention.max_error(attention.varlen_attention(gpu_seqs, causal=causal), gpu_seqs, causal=causal)
-        assert err < 3e-2, err
-        print(f"varlen_attn causal={causal}: max error vs float64 reference {err:.2e} (bf16)")
-    gpu_heads, gpu_head_dim = (16, 128) if QUICK else (32, 128)
-    gpu_lengths = torch.randint(128, 2048 if QUICK else 4096, (8 if QUICK else 16,),
-                                generator=torch.Generator().manual_seed(0)).tolist()
-    big = attention.random_ragged(gpu_lengths, gpu_heads, gpu_head_dim, dtype=torch.bfloat16, device=DEVICE)
-    r = bench.compare(attention.ragged_kernels(big), baseline="padded + mask", repeats=5, device=DEVICE,
-                      work=attention.ragged_tflop(gpu_lengths, gpu_heads, gpu_head_dim), work_unit="TFLOP")
-    print(f"{len(gpu_lengths)} sequences, {sum(gpu_lengths)} tokens, {gpu_heads} heads x {gpu_head_dim}; padding "
-          f"would waste {attention.wasted_fraction(gpu_lengths):.0%} of a padded batch's scores")
-    print(bench.table(r))
-    for name, res in r["results"].items():
-        print(f"{name:<16} {res['TFLOP_per_s']:6.1f} useful TFLOP/s (padding not counted)")
-    bench.plot(r, title=f"Ragged batch on {capabilities().device_name}, bf16, kernels only").show()
 
 # %% [markdown]
 # ## FlexAttention: the masks SDPA cannot express
@@ -421,48 +324,23 @@ print(f"block mask {doc_mask.BLOCK_SIZE}: the kernel visits {visited} of {total_
 # %% [markdown]
 # `flex_attention` called eagerly runs an unfused reference that computes the whole `total × total` score
 # matrix (it warns): good for checking a mask, not for speed. `torch.compile(flex_attention)` generates the
-# fused kernel: Triton on a GPU, a C++ template on a CPU (AVX2, not macOS, inference only:
-# `torch/_inductor/kernel/flex/flex_cpu.py`). torch 2.10's CPU template refuses one tensor passed as q, k
-# and v, so `attention.packed_heads_first` makes three.
+# fused kernel; the deep dive times it against padding.
 
 # %%
 q_flex, k_flex, v_flex = attention.packed_heads_first(seqs)          # (1, heads, total, head_dim) each
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")                                  # eager flex warns that it is unfused
-    flex_outs = {"flex eager": flex_attention(q_flex, k_flex, v_flex, block_mask=doc_mask)}
-flex_compiled, compile_s, compile_error = attention.compile_flex_attention(q_flex, k_flex, v_flex, doc_mask)
-print(f"torch.compile(flex_attention): first call {compile_s:.1f} s, "
-      + ("a fused CPU kernel" if flex_compiled else f"not available here: {compile_error}"))
-candidates = attention.ragged_kernels(seqs, varlen=False)            # inputs padded and packed once
-candidates["loop per sequence"] = lambda: attention.loop_attention(seqs)
-if flex_compiled:
-    flex_outs["flex compiled"] = flex_compiled(q_flex, k_flex, v_flex, block_mask=doc_mask)
-    candidates["flex compiled"] = lambda: flex_compiled(q_flex, k_flex, v_flex, block_mask=doc_mask)
-for name, out in flex_outs.items():
-    err = attention.max_error(attention.split_heads_first(out, RAGGED_LENGTHS), seqs)
-    assert err < 1e-4, (name, err)
-    print(f"{name:<14} matches the per-sequence float64 reference (max error {err:.1e})")
-flex_timing = bench.compare(candidates, baseline="padded + mask", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu",
-                            work=attention.ragged_tflop(RAGGED_LENGTHS, HEADS, HEAD_DIM) * 1e3, work_unit="GFLOP")
-bench.save_json(flex_timing, "runs/06_ragged_flex.json")
-print(bench.table(flex_timing))
-tile = doc_mask.BLOCK_SIZE[0] * doc_mask.BLOCK_SIZE[1]
-print(f"padded: {len(RAGGED_LENGTHS)} × {longest_seq}² scores, {attention.wasted_fraction(RAGGED_LENGTHS):.0%} "
-      f"of them padding; compiled flex: {visited} of {total_blocks} tiles "
-      f"({visited * tile / sum(n * n for n in RAGGED_LENGTHS):.1f}x the useful scores)")
+    flex_out = flex_attention(q_flex, k_flex, v_flex, block_mask=doc_mask)
+err = attention.max_error(attention.split_heads_first(flex_out, RAGGED_LENGTHS), seqs)
+assert err < 1e-4, err
+print(f"flex eager matches the per-sequence float64 reference (max error {err:.1e})")
 
 # %% [markdown]
-# **What the numbers mean.** The compiled kernel's work follows the tiles it visits, not the tokens: long
-# sequences show most of the padding-free saving; short ones leave partial tiles along the diagonal that
-# cost more than the useful work. The loop computes no padding but pays one call per sequence. On a GPU,
-# compiled FlexAttention also trains (Triton forward and backward).
-#
 # ### Your turn: a sliding window inside each document
 #
 # Local attention: a token sees itself and the `WINDOW - 1` tokens before it, and only within its own
-# document. Edit the one `return` line of `my_mask_mod`. The check builds the mask with `create_mask` and
-# compares it with a dense one written with ordinary tensor code, then runs `flex_attention` with your block
-# mask against SDPA with that dense mask.
+# document. Edit the one `return` line of `my_mask_mod`. The check compares your mask (via `create_mask`) with
+# a dense one written in ordinary tensor code, then `flex_attention` with your block mask against SDPA with it.
 
 # %% tags=["your-turn"]
 WINDOW = 32
@@ -475,7 +353,7 @@ def my_mask_mod(b, h, q_idx, kv_idx):
 # %%
 from torch.nn.attention.flex_attention import create_mask
 
-from helpers.checks import check_close
+from helpers.checks import check_close, check_equal, your_turn
 
 
 def check_window():
@@ -500,10 +378,12 @@ your_turn(check_window, what="a sliding-window document mask");
 # ## Going further
 #
 # [The deep dive](06_attention_kernels_deep_dive.ipynb) holds the rest, measured or run where the hardware
-# allows: flash vs MATH speed against the CPU's peak; the backward per backend; grouped-query attention and
-# `causal_lower_right` for decoding; SDPA backends on an NVIDIA GPU (your wheel's priority order, accuracy,
-# memory, time) and the opt-in FA4; AOTriton vs Composable Kernel on ROCm; what
-# `torch.compile(create_block_mask)` saves; `varlen_attn` and FlexAttention training on a GPU; what
-# `torch.compile` gives a transformer block; pitfalls. Read it before you choose attention kernels for
+# allows: flash vs MATH speed against the CPU's peak; forcing a backend with `sdpa_kernel`, the error when
+# none fits and its reasons, and a your-turn that makes flash eligible; the backward per backend;
+# grouped-query attention and `causal_lower_right` for decoding; SDPA backends on an NVIDIA GPU (your wheel's
+# priority order, accuracy, memory, time) and the opt-in FA4; AOTriton vs Composable Kernel on ROCm; what
+# `torch.compile(create_block_mask)` saves; compiled FlexAttention timed against padding; `varlen_attn`
+# checked and timed on a GPU, and ragged training there; what `torch.compile` gives a transformer block;
+# pitfalls. Read it before you choose attention kernels for
 # training or move to AMD GPUs. Then [lab 06](../labs/06_attention_lab.ipynb): build the key mask, pack for
 # `varlen_attn`, write the op recorder that names the kernel, bucket by length.

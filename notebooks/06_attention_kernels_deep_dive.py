@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | flash vs MATH as the sequence grows, in time and against the CPU's fp32 GEMM peak; the corners of backend choice (3-D inputs, `OVERRIDEABLE`, `set_priority`), in a widget too; the training step: each backend's backward checked against float64 and timed; grouped-query attention (`enable_gqa`) and `causal_lower_right` for decoding, and which GPU backend takes them; SDPA backends on an NVIDIA or AMD GPU: your wheel's priority order and why, accuracy, memory (MATH's fp32 scores), time, kernel names; the opt-in FA4 implementation; AOTriton vs Composable Kernel on ROCm, told apart by kernel names; what `torch.compile(create_block_mask)` saves; FlexAttention's backward on a CPU; `varlen_attn` and compiled FlexAttention in a training step on a GPU; what `torch.compile` gives a transformer block; pitfalls |
+# | **What you will learn** | flash vs MATH as the sequence grows, in time and against the CPU's fp32 GEMM peak; forcing a backend with `sdpa_kernel`, the error when none fits and its reasons, and making flash eligible; the corners of backend choice (3-D inputs, `OVERRIDEABLE`, `set_priority`), in a widget too; the training step: each backend's backward checked against float64 and timed; grouped-query attention (`enable_gqa`) and `causal_lower_right` for decoding, and which GPU backend takes them; SDPA backends on an NVIDIA or AMD GPU: your wheel's priority order and why, accuracy, memory (MATH's fp32 scores), time, kernel names; the opt-in FA4 implementation; AOTriton vs Composable Kernel on ROCm, told apart by kernel names; what `torch.compile(create_block_mask)` saves; compiled FlexAttention timed against padding; FlexAttention's backward on a CPU; `varlen_attn` checked and timed against padding and nested tensors on a GPU, then in a training step with compiled FlexAttention; what `torch.compile` gives a transformer block; pitfalls |
 # | **Prerequisites** | [lesson 06](06_attention_kernels.ipynb) |
-# | **Hardware** | any CPU. An NVIDIA GPU runs the GPU backend, GQA and ragged-training sections (A100 or newer for `varlen_attn`); an AMD GPU the backend and ROCm sections |
-# | **Time** | 53 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
+# | **Hardware** | any CPU. On an NVIDIA or AMD GPU with a flash kernel the forcing section runs there, as in the lesson; an NVIDIA GPU runs the GPU backend, GQA and ragged-batch sections (A100 or newer for `varlen_attn`); an AMD GPU the backend and ROCm sections |
+# | **Time** | 86 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -55,9 +55,14 @@ DEVICE = pick_device()
 if QUICK:
     SEQ_LENS, RAGGED_LENGTHS = [128, 256, 512], [17, 40, 9, 128, 300]
 REPEATS, MIN_RUN_S = (3, 0.02) if QUICK else (5, 0.1)
+# The forcing section runs where the lesson's backend story ran: on an NVIDIA or AMD GPU whose flash kernel
+# runs, in bf16 (fp16 where the GPU has no bf16); elsewhere on the CPU in fp32.
+GPU_DTYPE = torch.bfloat16 if capabilities().bf16 else torch.float16
+STORY = DEVICE if DEVICE.type == "cuda" and attention.flash_runs_on(DEVICE, GPU_DTYPE) else torch.device("cpu")
+STORY_DTYPE = GPU_DTYPE if STORY.type == "cuda" else torch.float32
 torch.manual_seed(0)
 q = torch.randn(2, HEADS, 64, 32)
-print(f"torch {torch.__version__} · device {DEVICE} · quick={QUICK}")
+print(f"torch {torch.__version__} · device {DEVICE} · the forcing section on {STORY} · quick={QUICK}")
 
 # %% [markdown]
 # ## Flash vs MATH as the sequence grows
@@ -95,7 +100,78 @@ fig.show()
 # At short sequences the two are close: the score matrix fits in cache and per-call overhead dominates.
 # As the sequence grows MATH writes and re-reads a seq × seq matrix per head and the gap widens. The ratio
 # depends on the cache sizes and the thread count: re-run it on your machine before you rely on it.
+
+# %% [markdown]
+# ## Forcing one, and the error when none fits
 #
+# `with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):` restricts the choice to the listed backends
+# (`set_priority=True` also makes the list's order the priority order). When none of them takes the
+# inputs, SDPA raises `RuntimeError: No available kernel`. The reasons come just before it as warnings:
+# the selector re-runs each backend's checks with debug on, and every failed check emits one
+# (`sdp_utils_cpp.cpp`; `sdp_utils.cpp` on CUDA). `attention.decline_reasons` catches them. A backend with
+# no kernel for the device at all fails with "No viable backend" and no reasons. The calls run on the
+# lesson's device for its backend story (`STORY`, printed above).
+
+# %%
+qs = torch.randn(2, HEADS, 128, HEAD_DIM, device=STORY, dtype=STORY_DTYPE)       # the lesson's q
+q8 = torch.randn(2, 8, 128, HEAD_DIM, device=STORY, dtype=STORY_DTYPE)
+mask_128 = torch.ones(128, 128, dtype=torch.bool, device=STORY).tril()
+forced = {"flash forced, 8 q heads, 2 k/v heads, no enable_gqa": (q8, qs[:, :2], qs[:, :2], ["FLASH_ATTENTION"], {})}
+if STORY.type == "cuda":
+    forced["flash forced, boolean mask"] = (qs, qs, qs, ["FLASH_ATTENTION"], {"attn_mask": mask_128})
+    forced["flash forced, fp32"] = (qs.float(), qs.float(), qs.float(), ["FLASH_ATTENTION"], {})
+else:
+    forced["flash forced, dropout_p=0.1"] = (qs, qs, qs, ["FLASH_ATTENTION"], {"dropout_p": 0.1})
+    forced["EFFICIENT_ATTENTION forced"] = (qs, qs, qs, ["EFFICIENT_ATTENTION"], {})
+for label, (qq, kk, vv, allowed, kwargs) in forced.items():
+    outcome, reasons = attention.decline_reasons(qq, kk, vv, allowed, **kwargs)
+    print(f"{label}: {outcome}" + "".join(f"\n    warning: {r}" for r in reasons))
+
+# %% tags=["nbval-check-output"]
+q_cpu = qs.cpu().float()    # both CPU kernels take fp32 and masks: the float64 check runs on the CPU everywhere
+mask = torch.rand(128, 128) > 0.2
+mask.fill_diagonal_(True)       # every query keeps at least one key
+for label, kwargs in {"plain": {}, "causal": {"is_causal": True}, "boolean mask": {"attn_mask": mask}}.items():
+    ref = attention.sdpa_reference(q_cpu, q_cpu, q_cpu, **kwargs)
+    for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel([backend]):
+            err = (F.scaled_dot_product_attention(q_cpu, q_cpu, q_cpu, **kwargs) - ref).abs().max().item()
+        assert err < 1e-5, (label, backend, err)
+    print(f"{label:<13} MATH and FLASH_ATTENTION forced: both match the float64 reference (max error < 1e-5)")
+
+# %% [markdown]
+# ### Your turn: make flash eligible
+#
+# A model's attention call does not get `FLASH_ATTENTION` on this device (the GPU when there is one).
+# Change **one** value in `MY_CALL` so that `FLASH_ATTENTION` runs. Keep 8 query heads and 2 key/value heads
+# (grouped-query attention). The check prints the reasons flash gave: read them before you guess.
+
+# %% tags=["your-turn"]
+START_CALL = {"dtype": torch.bfloat16, "q_heads": 8, "kv_heads": 2, "enable_gqa": True, "v_head_dim": 48,
+              "dropout_p": 0.0}
+MY_CALL = {"dtype": torch.bfloat16, "q_heads": 8, "kv_heads": 2, "enable_gqa": True, "v_head_dim": 48,
+           "dropout_p": 0.0}
+
+# %%
+from helpers.checks import check_equal, fail, your_turn
+
+
+def check_call():
+    changed = [key for key in START_CALL if MY_CALL.get(key) != START_CALL[key]]
+    if len(changed) > 1 or (MY_CALL["q_heads"], MY_CALL["kv_heads"]) != (8, 2):
+        fail("MY_CALL", f"changed {changed}", "change one value, and keep 8 query heads and 2 key/value heads")
+    qq = torch.randn(1, 8, 64, 64, dtype=MY_CALL["dtype"], device=STORY)
+    kk = torch.randn(1, 2, 64, 64, dtype=MY_CALL["dtype"], device=STORY)
+    vv = torch.randn(1, 2, 64, MY_CALL["v_head_dim"], dtype=MY_CALL["dtype"], device=STORY)
+    outcome, reasons = attention.decline_reasons(qq, kk, vv, ["FLASH_ATTENTION"], dropout_p=MY_CALL["dropout_p"],
+                                                 enable_gqa=MY_CALL["enable_gqa"])
+    check_equal(outcome, "ran FLASH_ATTENTION", what="flash forced on MY_CALL",
+                hint="flash declined: " + " ".join(reasons[1:])[:300])
+
+
+your_turn(check_call, what="make flash eligible");
+
+# %% [markdown]
 # ## Which kernel runs: the corners
 #
 # - **3-D inputs** (no batch dimension) depend on the release: torch 2.10 and 2.13 send them to `MATH`,
@@ -193,7 +269,7 @@ def my_repeat_kv(k, query_heads):
 
 
 # %%
-from helpers.checks import check_close, check_equal, fail, your_turn
+from helpers.checks import check_close
 
 
 def check_repeat_kv():
@@ -490,15 +566,55 @@ reveal(block_mask_guess, mask_peak["eager"] / total**2,
              "evaluation with the per-tile count, and none of these is written.");
 
 # %% [markdown]
+# **The compiled kernel against padding.** `flex_attention` called eagerly runs an unfused reference that
+# computes the whole `total × total` score matrix (it warns): good for checking a mask, not for speed.
+# `torch.compile(flex_attention)` generates the fused kernel: Triton on a GPU, a C++ template on a CPU (AVX2,
+# not macOS, inference only: `torch/_inductor/kernel/flex/flex_cpu.py`). torch 2.10's CPU template refuses
+# one tensor passed as q, k and v, so `attention.packed_heads_first` makes three. The cell runs the lesson's
+# packed batch both ways against the per-sequence float64 reference, then times them against padding and a
+# loop.
+
+# %%
+seqs = attention.random_ragged(RAGGED_LENGTHS, HEADS, HEAD_DIM)
+doc_mask = attention.document_block_mask(RAGGED_LENGTHS)
+packed, offsets, longest_seq = attention.pack(seqs)
+visited, total_blocks = attention.blocks_computed(doc_mask)
+q_flex, k_flex, v_flex = attention.packed_heads_first(seqs)          # (1, heads, total, head_dim) each
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")                                  # eager flex warns that it is unfused
+    flex_outs = {"flex eager": flex_attention(q_flex, k_flex, v_flex, block_mask=doc_mask)}
+flex_compiled, compile_s, compile_error = attention.compile_flex_attention(q_flex, k_flex, v_flex, doc_mask)
+print(f"torch.compile(flex_attention): first call {compile_s:.1f} s, "
+      + ("a fused CPU kernel" if flex_compiled else f"not available here: {compile_error}"))
+candidates = attention.ragged_kernels(seqs, varlen=False)            # inputs padded and packed once
+candidates["loop per sequence"] = lambda: attention.loop_attention(seqs)
+if flex_compiled:
+    flex_outs["flex compiled"] = flex_compiled(q_flex, k_flex, v_flex, block_mask=doc_mask)
+    candidates["flex compiled"] = lambda: flex_compiled(q_flex, k_flex, v_flex, block_mask=doc_mask)
+for name, out in flex_outs.items():
+    err = attention.max_error(attention.split_heads_first(out, RAGGED_LENGTHS), seqs)
+    assert err < 1e-4, (name, err)
+    print(f"{name:<14} matches the per-sequence float64 reference (max error {err:.1e})")
+flex_timing = bench.compare(candidates, baseline="padded + mask", repeats=REPEATS, min_run_time=MIN_RUN_S, device="cpu",
+                            work=attention.ragged_tflop(RAGGED_LENGTHS, HEADS, HEAD_DIM) * 1e3, work_unit="GFLOP")
+bench.save_json(flex_timing, "runs/06_ragged_flex.json")
+print(bench.table(flex_timing))
+tile = doc_mask.BLOCK_SIZE[0] * doc_mask.BLOCK_SIZE[1]
+print(f"padded: {len(RAGGED_LENGTHS)} × {longest_seq}² scores, {attention.wasted_fraction(RAGGED_LENGTHS):.0%} "
+      f"of them padding; compiled flex: {visited} of {total_blocks} tiles "
+      f"({visited * tile / sum(n * n for n in RAGGED_LENGTHS):.1f}x the useful scores)")
+
+# %% [markdown]
+# **What the numbers mean.** The compiled kernel's work follows the tiles it visits, not the tokens: long
+# sequences show most of the padding-free saving; short ones leave partial tiles along the diagonal that
+# cost more than the useful work. The loop computes no padding but pays one call per sequence. On a GPU,
+# compiled FlexAttention also trains (Triton forward and backward).
+#
 # **Backward on a CPU.** torch 2.13 refuses any CPU input that requires grad ("FlexAttention does not
 # support backward on CPU"); torch 2.10 has no such check: its eager path differentiates, its compiled one
 # fails inside Inductor. The cell shows what the installed torch does. On a GPU both train (next section).
 
 # %%
-seqs = attention.random_ragged(RAGGED_LENGTHS, HEADS, HEAD_DIM)
-doc_mask = attention.document_block_mask(RAGGED_LENGTHS)
-q_flex, k_flex, v_flex = attention.packed_heads_first(seqs)
-flex_compiled, compile_s, compile_error = attention.compile_flex_attention(q_flex, k_flex, v_flex, doc_mask)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")                                  # eager flex warns that it is unfused
     outcomes = {"flex eager": attention.try_backward(
@@ -510,8 +626,33 @@ for name, outcome in outcomes.items():
     print(f"backward through {name} on CPU (torch {torch.__version__}): {outcome}")
 
 # %% [markdown]
-# ## Ragged batches in a training step, on a GPU
+# ## Ragged batches on a GPU: varlen_attn, then a training step
 #
+# On an NVIDIA GPU the next cell checks `varlen_attn` against float64 and times the lesson's three ways
+# (padding + mask, jagged nested, `varlen_attn`) at sizes where the kernels, not Python, dominate: every
+# input is padded or packed beforehand, so a timed call is one attention call.
+
+# %%
+if requires("cuda", "bf16", section="varlen_attn on the GPU"):
+    gpu_seqs = attention.random_ragged(RAGGED_LENGTHS, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+    for causal in (False, True):
+        err = attention.max_error(attention.varlen_attention(gpu_seqs, causal=causal), gpu_seqs, causal=causal)
+        assert err < 3e-2, err
+        print(f"varlen_attn causal={causal}: max error vs float64 reference {err:.2e} (bf16)")
+    gpu_heads, gpu_head_dim = (16, 128) if QUICK else (32, 128)
+    gpu_lengths = torch.randint(128, 2048 if QUICK else 4096, (8 if QUICK else 16,),
+                                generator=torch.Generator().manual_seed(0)).tolist()
+    big = attention.random_ragged(gpu_lengths, gpu_heads, gpu_head_dim, dtype=torch.bfloat16, device=DEVICE)
+    r = bench.compare(attention.ragged_kernels(big), baseline="padded + mask", repeats=5, device=DEVICE,
+                      work=attention.ragged_tflop(gpu_lengths, gpu_heads, gpu_head_dim), work_unit="TFLOP")
+    print(f"{len(gpu_lengths)} sequences, {sum(gpu_lengths)} tokens, {gpu_heads} heads x {gpu_head_dim}; padding "
+          f"would waste {attention.wasted_fraction(gpu_lengths):.0%} of a padded batch's scores")
+    print(bench.table(r))
+    for name, res in r["results"].items():
+        print(f"{name:<16} {res['TFLOP_per_s']:6.1f} useful TFLOP/s (padding not counted)")
+    bench.plot(r, title=f"Ragged batch on {capabilities().device_name}, bf16, kernels only").show()
+
+# %% [markdown]
 # `varlen_attn` has a backward, and it compiles (the official tutorial,
 # pytorch/tutorials `intermediate_source/variable_length_attention_tutorial.py`, does both); compiled
 # FlexAttention generates Triton kernels for the forward and the backward. `attention.ragged_training_fns`

@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 00; a training loop (forward, backward, optimizer step) |
 # | **Hardware** | any CPU; on an NVIDIA or AMD GPU the step is profiled on the GPU. The GPU tools (allocator snapshots, memory pools, fragmentation, out-of-memory snapshots) are in the deep dive |
 # | **Time** | 39 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); the exporter's categories and Adam's CPU path read in the 2.10.0 and 2.13.0 wheels (`torch/profiler/_memory_profiler.py`, `torch/optim/adam.py`) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the exporter's categories and Adam's CPU path read in the 2.10.0 and 2.13.0 wheels (`torch/profiler/_memory_profiler.py`, `torch/optim/adam.py`) |
 #
 # The story: a training step's memory comes in categories → predict one, then measure them all → the
 # timeline and its peak → the operations behind the peak → lower the peak with activation checkpointing →

@@ -6,8 +6,8 @@
 # | **What you will learn** | find the first op where two runs of a model diverge with 2.10's `DebugMode` tensor hashes, and the layer that ran it; find the forward line behind a NaN gradient with anomaly mode; what `torch.use_deterministic_algorithms(True)` changes in Inductor's generated code; read the recompile log, bound dynamic batch sizes with `mark_dynamic(min=, max=)` and make a recompile fail a CI run (`set_stance("fail_on_recompile")`) |
 # | **Prerequisites** | lesson 00; a training loop; what `torch.compile` does (lesson 02) |
 # | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend compiles C++). The GPU comparisons are in the deep dive |
-# | **Time** | 42 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
+# | **Time** | 43 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
 #
 # The story: two runs of one model disagree → find the first op that differs, and its layer → a NaN
 # gradient → the op, and the forward line, that made it → make a compiled program give the same bits on
@@ -59,13 +59,8 @@ print(f"torch {torch.__version__} · device {DEVICE} · quick={QUICK}")
 #
 # `torch.utils._debug_mode.DebugMode` (new in 2.10; a private module, so its path may change) is a
 # `TorchDispatchMode`: it records every aten op a model dispatches, with the shapes and dtypes of its inputs
-# and outputs.
-
-# %% tags=["nbval-check-output"]
-model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-print(debugging.op_trace(model, torch.randn(4, 8)))
-
-# %% [markdown]
+# and outputs (the deep dive prints such a trace).
+#
 # `DebugMode.log_tensor_hashes(hash_fn="hash_tensor")` adds a hash of every op's output:
 # `torch.hash_tensor`, an XOR over the bits of every element. Run the two suspects on the same input, and
 # the first op whose hash differs is where the numbers started to disagree
@@ -106,21 +101,6 @@ reveal(diverge_guess, f"{short} in block {where.split('.')[0]}",
            f"nn.Linear first transposes its weight ({short}) and then multiplies (addmm): the transpose is "
            f"the first op whose output holds a damaged number, so the hash names module {where!r}, the "
            "damaged Linear, before any activation has changed.");
-
-
-# %% [markdown]
-# Read a hash one way only: a different hash means different bits, equal hashes do not prove equal bits.
-# An XOR ignores order and cancels equal pairs, so permuted or duplicated values collide (the next cell; the
-# DebugMode tutorial warns that tensors whose elements are all equal hash to 0). Use the hash to find the
-# op, then compare the tensors themselves. `hash_fn="norm"` (the default, an L1 norm in float64) moves a
-# little when values move a little: it says by how much, where `hash_tensor` says whether.
-
-# %% tags=["nbval-check-output"]
-def xor_hash(values):
-    return torch.hash_tensor(torch.tensor(values)).item()
-
-print("[1, 2, 3] and [3, 2, 1] hash alike:", xor_hash([1.0, 2.0, 3.0]) == xor_hash([3.0, 2.0, 1.0]))
-print("[5, 5] hashes to", xor_hash([5.0, 5.0]), "and [7, 7] to", xor_hash([7.0, 7.0]))
 
 # %% [markdown]
 # The same comparison works between two dtypes, two machines, two torch versions, eager and compiled, as
@@ -176,20 +156,8 @@ reveal(nan_guess, named,
 # Read the forward traceback from the bottom up to the last frame outside torch: the frames below it are
 # torch's own operator wrappers (`torch/_tensor.py` for `**`), not your code. Anomaly mode records a
 # traceback for every forward op and checks every backward output, so it is slow (the deep dive measures
-# it): switch it on to find the bug, then off. The fix here: `torch.linalg.vector_norm` defines the
-# gradient at zero (as 0).
-
-# %% tags=["nbval-check-output"]
-def safe_distance_loss():
-    diff = points[:, None, :] - points[None, :, :]
-    return torch.linalg.vector_norm(diff, dim=-1).sum()
-
-points.grad = None
-safe_distance_loss().backward()
-assert not torch.isnan(points.grad).any()
-print("torch.linalg.vector_norm: same loss", torch.isclose(safe_distance_loss(), loss).item(),
-      "| NaN in grad:", torch.isnan(points.grad).any().item())
-
+# it): switch it on to find the bug, then off. The fix here: `torch.linalg.vector_norm`, which defines the
+# gradient at zero (as 0; the deep dive checks it).
 
 # %% [markdown]
 # ## Deterministic compile
@@ -292,17 +260,7 @@ reveal(compile_guess, f"{unmarked} / {with_mark}",
 # assume (the bounds date from 2024, pytorch/pytorch#119737). Inside the range one graph serves every size;
 # a marked tensor outside it is an error; an unmarked one fails the guard and recompiles. A batch of 1 is
 # special (the compiler specializes sizes 0 and 1): keep it out of the calls; if batch 1 must share the graph, lab 08 has you find the marking that
-# allows it (the deep dive compares the three markings).
-
-# %% tags=["nbval-check-output"]
-compiled = fresh_compile()
-for n in range(2, 9):
-    compiled(marked(n, 2, 8))
-print("batches 2..8, mark_dynamic(min=2, max=8):", len(graphs), "graph")
-try:
-    compiled(marked(9, 2, 8))
-except Exception as exc:
-    print("a marked batch of 9:", type(exc).__name__ + ":", str(exc).splitlines()[0])
+# allows it (the deep dive compares the three markings and shows a size out of range).
 
 # %% [markdown]
 # A recompile in a benchmark or a serving loop is a silent cost. `torch.compiler.set_stance("fail_on_recompile")`
@@ -325,17 +283,17 @@ with torch.compiler.set_stance("fail_on_recompile"):
 # ## Your turn: one graph for a serving loop
 #
 # A server warms its compiled function up once, on a batch marked with `mark_dynamic`, then serves the
-# batch sizes in `SERVED` under `fail_on_recompile`. Change the bounds in the next cell so that the loop
-# runs on the one graph of the warm-up; the check says which guard failed when it does not.
-
-# %%
-SERVED = [3, 17, 48, 2, 33, 8]            # the batch sizes the server will see, in this order
+# batch sizes 3, 17, 48, 2, 33, 8 (`SERVED`, in that order) under `fail_on_recompile`. Change the bounds in
+# the next cell so that the loop runs on the one graph of the warm-up; the check says which guard failed
+# when it does not.
 
 # %% tags=["your-turn"]
 BATCH_MIN, BATCH_MAX = 2, 32              # your change: the range mark_dynamic declares at warm-up
 
 # %%
 from helpers.checks import check_equal, fail, your_turn
+
+SERVED = [3, 17, 48, 2, 33, 8]            # the batch sizes the server will see, in this order
 
 
 def serve_on_one_graph():
@@ -358,10 +316,11 @@ your_turn(serve_on_one_graph, what="one graph for a serving loop");
 # ## Going further
 #
 # [The deep dive](08_debugging_determinism_deep_dive.ipynb) has the rest, for whoever debugs compiled or
-# distributed code: DebugMode as its recipe uses it (the damaged layer named in the trace,
-# `check_hash_mismatches`, how far each op moved); eager vs compiled, op by op, with `aot_eager` and with
-# Inductor; the same model on a CPU and a GPU; deterministic compile on a GPU; the thread-count recompile and
-# three ways to mark a dynamic batch, batch 1 included; what a 2-process gloo job reports for a mismatched
+# distributed code: DebugMode as its recipe uses it (a trace op by op, the damaged layer named in it,
+# `check_hash_mismatches`, how far each op moved, what equal hashes do not prove); the NaN fix, checked;
+# eager vs compiled, op by op, with `aot_eager` and with Inductor; the same model on a CPU and a GPU;
+# deterministic compile on a GPU; the thread-count recompile, three ways to mark a dynamic batch (batch 1
+# included) and a marked size out of range; what a 2-process gloo job reports for a mismatched
 # collective and a timeout; TorchScript's deprecation and the move to `torch.export` with a dynamic batch;
 # what the debugging tools cost; the pitfalls. Then [lab 08](../labs/08_debugging_lab.ipynb) has you compare
 # hash traces yourself, write a NaN-free normalisation, stop the recompiles with batch 1 included, and leave

@@ -3,11 +3,11 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | DebugMode as its 2.10 recipe uses it: module names, input hashes, `check_hash_mismatches`, how far each op moved; eager vs compiled op by op (`aot_eager`, then Inductor) and CPU vs GPU; deterministic compile on a GPU (atomic adds, Triton reduction configurations) and the switch that makes a compiled scatter-add reproducible on a CPU; what the thread count does to a sum's bits and to Dynamo's guards; three ways to mark a dynamic batch, batch 1 included; TorchScript's deprecation and `torch.export` (a dynamic batch, a branch on data with `torch.cond`, what `jit.trace` bakes in); what a 2-process gloo job reports for a mismatched collective and a timeout; what the debugging tools cost; the pitfalls |
+# | **What you will learn** | DebugMode as its 2.10 recipe uses it: a trace op by op, module names, input hashes, `check_hash_mismatches`, how far each op moved, what equal hashes do not prove; the NaN gradient fixed with `torch.linalg.vector_norm`; eager vs compiled op by op (`aot_eager`, then Inductor) and CPU vs GPU; deterministic compile on a GPU (atomic adds, Triton reduction configurations) and the switch that makes a compiled scatter-add reproducible on a CPU; what the thread count does to a sum's bits and to Dynamo's guards; three ways to mark a dynamic batch, batch 1 included, and a marked size out of range; TorchScript's deprecation and `torch.export` (a dynamic batch, a branch on data with `torch.cond`, what `jit.trace` bakes in); what a 2-process gloo job reports for a mismatched collective and a timeout; what the debugging tools cost; the pitfalls |
 # | **Prerequisites** | [lesson 08](08_debugging_determinism.ipynb) |
 # | **Hardware** | any CPU with a C++ compiler (Inductor's CPU backend compiles C++). On a GPU two more sections run: the same model on the CPU and the GPU, and deterministic compile with Triton |
-# | **Time** | 54 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
+# | **Time** | 83 minutes |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/utils/_debug_mode`, `torch/_inductor`) |
 
 # %% tags=["colab-setup"]
 # Colab only (elsewhere this cell does nothing): clone the course once, install it beside Colab's own torch
@@ -65,10 +65,18 @@ xb = torch.randn(16, WIDTH)
 trace_good = debugging.hash_trace(net, xb, hash_fn="hash_tensor")
 norm_good, norm_bad = debugging.hash_trace(net, xb), debugging.hash_trace(damaged, xb)
 
-
 # %% [markdown]
 # ## DebugMode as its recipe uses it
 #
+# What DebugMode records for a small model (`debugging.op_trace`): every aten op it dispatches, with the
+# shapes and dtypes of its inputs and outputs.
+
+# %% tags=["nbval-check-output"]
+model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+print(debugging.op_trace(model, torch.randn(4, 8)))
+
+
+# %% [markdown]
 # The core lesson read DebugMode through two helpers. DebugMode itself (the recipe is pytorch/tutorials
 # `recipes_source/debug_mode_tutorial.py`) does more in one run:
 #
@@ -115,6 +123,42 @@ fig = go.Figure(go.Bar(x=[f"{i}: {name.replace('aten.', '').replace('.default', 
 fig.update_layout(title="Relative difference of the 'norm' hash per op (damaged vs original checkpoint)",
                   yaxis_type="log", yaxis_title="relative difference (floored at 1e-12)", height=380)
 fig.show()
+
+
+# %% [markdown]
+# Read a hash one way only: a different hash means different bits, equal hashes do not prove equal bits.
+# An XOR ignores order and cancels equal pairs, so permuted or duplicated values collide (the next cell; the
+# DebugMode tutorial warns that tensors whose elements are all equal hash to 0). Use the hash to find the
+# op, then compare the tensors themselves. `hash_fn="norm"` (the default, an L1 norm in float64) moves a
+# little when values move a little: it says by how much, where `hash_tensor` says whether.
+
+# %% tags=["nbval-check-output"]
+def xor_hash(values):
+    return torch.hash_tensor(torch.tensor(values)).item()
+
+print("[1, 2, 3] and [3, 2, 1] hash alike:", xor_hash([1.0, 2.0, 3.0]) == xor_hash([3.0, 2.0, 1.0]))
+print("[5, 5] hashes to", xor_hash([5.0, 5.0]), "and [7, 7] to", xor_hash([7.0, 7.0]))
+
+# %% [markdown]
+# ## A NaN gradient: the fix, checked
+#
+# The core lesson's pairwise distances, `sqrt(sum((a - b)**2))`, had a NaN gradient where two points
+# coincide. `torch.linalg.vector_norm` defines the gradient at zero (as 0):
+
+# %% tags=["nbval-check-output"]
+points = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 0.0]], requires_grad=True)   # the core lesson's points
+loss = (points[:, None, :] - points[None, :, :]).pow(2).sum(-1).sqrt().sum()      # its loss: a NaN gradient
+
+
+def safe_distance_loss():
+    diff = points[:, None, :] - points[None, :, :]
+    return torch.linalg.vector_norm(diff, dim=-1).sum()
+
+points.grad = None
+safe_distance_loss().backward()
+assert not torch.isnan(points.grad).any()
+print("torch.linalg.vector_norm: same loss", torch.isclose(safe_distance_loss(), loss).item(),
+      "| NaN in grad:", torch.isnan(points.grad).any().item())
 
 # %% [markdown]
 # ## Eager vs compiled: where does `torch.compile` change the bits?
@@ -410,6 +454,36 @@ for name, mark in markings.items():
             print(f"{'':<31}{sentence.rstrip('.')}.")
     finally:
         guards_log.setLevel(level)
+
+# %% [markdown]
+# Bounds that leave batch 1 out keep one graph, and a marked size outside them is an error (the core
+# lesson's compiled function, set up again: a backend that counts the graphs Dynamo hands it):
+
+# %% tags=["nbval-check-output"]
+graphs = []
+
+def counting_backend(graph_module, example_inputs):     # a torch.compile backend: called once per graph
+    graphs.append(graph_module)
+    return graph_module.forward
+
+def fresh_compile():
+    torch._dynamo.reset()
+    graphs.clear()
+    return torch.compile(lambda b: torch.softmax(b @ w_out, dim=-1).mean(0), backend=counting_backend)
+
+def marked(n, low, high):
+    t = torch.randn(n, 16)
+    torch._dynamo.mark_dynamic(t, 0, min=low, max=high)    # dimension 0 is dynamic, within [low, high]
+    return t
+
+compiled = fresh_compile()
+for n in range(2, 9):
+    compiled(marked(n, 2, 8))
+print("batches 2..8, mark_dynamic(min=2, max=8):", len(graphs), "graph")
+try:
+    compiled(marked(9, 2, 8))
+except Exception as exc:
+    print("a marked batch of 9:", type(exc).__name__ + ":", str(exc).splitlines()[0])
 
 # %% [markdown]
 # ## TorchScript is deprecated: the warnings, and the move to `torch.export`

@@ -4,7 +4,7 @@
 # | | |
 # |---|---|
 # | **What you will learn** | write the loop body of a C++ CPU kernel (`silu_mul`, the core of a SwiGLU MLP), register a fake kernel and an autograd formula for it with `torch.library`, pass `torch.library.opcheck`, and use the op in a `torch.compile`d MLP with no graph breaks, and time your kernel against eager PyTorch and `torch.compile`; then read an op's kernel and write the schema that declares what it writes, proven by `opcheck`; and port the kernel to the LibTorch stable ABI, so that one build loads in torch 2.10 and later releases |
-# | **Prerequisites** | lesson 04 (XPU, SYCL and custom ops) |
+# | **Prerequisites** | lesson 04 (XPU, SYCL and custom ops) and its deep dive's stable-ABI sections for exercise 6 |
 # | **Hardware** | any CPU. Exercises 1 and 6 and the timing need a C++ compiler and ninja; without them the PyTorch reference stands in for your kernel, the lab says so, and exercises 2-5 still run |
 # | **Time** | 80 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
@@ -282,7 +282,7 @@ check("04_custom_op_lab", silu_mul_record_schema)
 #
 # The library exercise 1 built expects libtorch to define C++ symbols for it (the cell after the check
 # lists them): a torch release that changes or drops one of them cannot load it, so each torch needs its own
-# build. Lesson 04's `rms_norm_stable.cpp` was built against the **LibTorch stable ABI**, which
+# build. Lesson 04's deep dive built `rms_norm_stable.cpp` against the **LibTorch stable ABI**, which
 # pytorch/tutorials' `cpp_custom_ops.rst` recommends from 2.10 on, and one build of it loads in 2.10 and in
 # later releases. Port `silu_mul`'s CPU kernel to it: `silu_mul_stable_source()` returns a whole C++ file,
 # written from the template below and your exercise-1 body. The library must

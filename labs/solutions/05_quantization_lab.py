@@ -118,8 +118,8 @@ check("05_quantization_lab", quantize_weight)
 # Write `int8_linear(x, q, scales, bias)` with `torch._weight_int8pack_mm(x2d, q, scales)`. The kernel
 # takes a 2-D `x` (rows, in_features) and wants `scales` in `x`'s dtype; `x` may have any number of
 # leading dimensions and `bias` may be `None` (the check calls it without one). The kernel accepts fp32
-# or bf16 activations and is correct with both, but on x86 CPUs (AVX2, AVX512) lesson 05 measured that
-# only one of them is the path it was written for; the other is a scalar loop. That choice is the
+# or bf16 activations and is correct with both, but on x86 CPUs (AVX2, AVX512) lesson 05's deep dive
+# measures that only one of them is the path it was written for; the other is a scalar loop. That choice is the
 # exercise: the check looks at the dtype your function hands the kernel, and judges it by this CPU's
 # instruction set (`helpers.device.cpu_capability()`): on an ARM CPU both dtypes are vectorized, so
 # either passes there. Return the result in `x`'s dtype and shape, with the bias added.

@@ -76,8 +76,8 @@ def _int8_linear_cases(gen):
         Case("the kernel gets the activations of its fast path on this CPU", (x3, q, scales, bias),
              call="int8_kernel_path", expected="fast path", expect_value=True,
              hint="on x86 CPUs (AVX2, AVX512) the kernel is vectorized for bfloat16 activations only: fed fp32 "
-                  "activations it is correct but runs a scalar loop (lesson 05). Hand it bfloat16 activations and "
-                  "scales; on ARM CPUs both dtypes are vectorized and either passes"),
+                  "activations it is correct but runs a scalar loop (lesson 05's deep dive). Hand it bfloat16 "
+                  "activations and scales; on ARM CPUs both dtypes are vectorized and either passes"),
         Case("no bias", (x3, q, scales, None), atol=0.05, rtol=0.02, hint="bias may be None"),
         Case("no bias, 2-D input", (torch.randn(6, 32, generator=gen), q, scales, None), atol=0.05, rtol=0.02,
              hidden=True, hint="bias may be None"),
