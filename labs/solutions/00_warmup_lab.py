@@ -109,7 +109,9 @@ print(DEVICE, softmax(scores, dim=-1).cpu())
 # - make no tensor as large as `x` in a wider dtype (`x.float()` of a float16 `x` is one). On a GPU an RMSNorm
 #   takes the time its bytes take to move: the function itself reads `x` and writes the result, and a float32
 #   copy of `x` writes twice `x`'s bytes and reads them back. The check records the tensors your function's
-#   operations make.
+#   operations return (what one operation's kernel does inside is its own: a reduction given
+#   `dtype=torch.float32` reads float16 on a GPU and accumulates in float32, where a CPU kernel may convert
+#   first).
 #
 # Before you choose how to compute it, work out what the formula as written does in each dtype, at both ends
 # of that range.

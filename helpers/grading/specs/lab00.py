@@ -85,8 +85,7 @@ def _rms_norm_cases(gen: torch.Generator) -> list[Case]:
              "divide by in that row")
     wider = ("the right values (as in the cases above) with no tensor of x's size in a wider dtype: x.float() (or "
              ".to(torch.float32)) is a copy of x at twice its bytes, and so is a float16 tensor times a float32 one "
-             "(type promotion makes the product float32), and so is a reduction given dtype=torch.float32 (it "
-             "converts its input first): keep every tensor of x's size in x's dtype")
+             "(type promotion makes the product float32): keep every tensor of x's size in x's dtype")
     keep = ("return x's dtype; bfloat16 has float32's range, so its squares stay finite, but it keeps only 2 to 3 "
             "digits: the check allows 2%")
     return [
