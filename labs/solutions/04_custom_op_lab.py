@@ -411,6 +411,7 @@ if HAVE_CXX:
         print(f"{name}: {len(cpp)} C++ symbols of libtorch, {len(shim)} C functions of its shim; for example "
               f"{(lab.demangled(cpp) or shim)[:3]}")
 
+# %% [markdown]
 # ## How fast is your kernel?
 #
 # A custom op is worth its C++ only if it beats what PyTorch already gives. The cell below times four
