@@ -48,6 +48,10 @@ def server(tmp_path_factory):
     settings.mkdir(parents=True)
     # no news or update pop-ups
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    # every cell in the page, not only those scrolled into view: the tests read all outputs (tracebacks included)
+    tracker = home / "settings" / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True)
+    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     root = home / "root"        # a copy, so that autosave never writes into the repository
     for folder in ("notebooks", "labs"):
         shutil.copytree(REPO / folder, root / folder)
