@@ -447,10 +447,13 @@ def attention_tflop(batch: int, heads: int, seq: int, head_dim: int, *, causal: 
 
 
 def time_training_step(seq_lens: list[int], batch: int = 1, heads: int = 4, head_dim: int = 64,
-                       backends=("MATH", "FLASH_ATTENTION"), repeats: int = 3, min_run_time: float = 0.05) -> dict:
+                       backends=("MATH", "FLASH_ATTENTION"), repeats: int = 3, min_run_time: float = 0.05,
+                       threads: int | None = None) -> dict:
     """Median time of forward + backward (causal self-attention, fp32, CPU) per backend and length,
-    measured interleaved; GFLOP/s counts the useful work of attention_tflop(backward=True)."""
-    rows, gflops = {}, {}
+    measured interleaved at `threads` threads (default: the current count); GFLOP/s counts the useful work
+    of attention_tflop(backward=True). min_s/max_s and separated[n] as in time_backends."""
+    threads = threads or torch.get_num_threads()
+    rows, gflops, lows, highs, apart = {}, {}, {}, {}, {}
     for n in seq_lens:
         q, k, v = (torch.randn(batch, heads, n, head_dim, requires_grad=True) for _ in range(3))
         grad_out = torch.randn(batch, heads, n, head_dim)
@@ -459,12 +462,16 @@ def time_training_step(seq_lens: list[int], batch: int = 1, heads: int = 4, head
             return lambda: attention_grads(q, k, v, b, grad_out=grad_out)
         work = attention_tflop(batch, heads, n, head_dim, backward=True) * 1e3
         r = bench.compare({b: step(b) for b in backends}, baseline=backends[0], repeats=repeats,
-                          min_run_time=min_run_time, device="cpu", work=work, work_unit="GFLOP")
+                          min_run_time=min_run_time, device="cpu", threads=threads, work=work, work_unit="GFLOP")
         rows[n] = {b: r["results"][b]["median_s"] for b in backends}
         gflops[n] = {b: r["results"][b]["GFLOP_per_s"] for b in backends}
+        lows[n] = {b: r["results"][b]["min_s"] for b in backends}
+        highs[n] = {b: r["results"][b]["max_s"] for b in backends}
+        apart[n] = len(backends) < 2 or bench.separated(r, backends[0], backends[1])
     return {"seq_lens": list(seq_lens), "backends": list(backends), "median_s": rows, "GFLOP_per_s": gflops,
+            "min_s": lows, "max_s": highs, "separated": apart, "repeats": repeats,
             "batch": batch, "heads": heads, "head_dim": head_dim, "device": "cpu",
-            "threads": torch.get_num_threads(), "torch": torch.__version__}
+            "threads": threads, "torch": torch.__version__}
 
 
 # --- Memory on the CPU ------------------------------------------------------------------------

@@ -223,14 +223,16 @@ def tiny_ops_sweep(counts: Sequence[int], *, size: int = 16, device: torch.devic
     """Time n tiny ops on `size`-element tensors, eager vs compiled, for each n in counts: as a chain
     on one tensor (chain_ops) and as one op on each of n tensors (independent_ops).
 
-    Compiles twice per n (n is part of each graph). Returns per-n medians and fastest repeats in seconds,
-    by candidate, and a straight-line fit (fixed cost + cost per op) for each candidate when there are 2+
-    counts, fitted on the fastest repeats: the times least disturbed by other load on the machine."""
+    Compiles twice per n (n is part of each graph). Returns per-n medians, fastest and slowest repeats in
+    seconds, by candidate (the spread a verdict at one n is checked against), and a straight-line fit
+    (fixed cost + cost per op) for each candidate when there are 2+ counts, fitted on the fastest repeats:
+    the times least disturbed by other load on the machine."""
     if not counts or min(counts) < 1:
         raise ValueError(f"counts must be a non-empty list of positive ints, got {list(counts)}")
     times: dict[str, list[float]] = {"eager chain": [], "compiled chain": [],
                                      "eager independent": [], "compiled independent": []}
     fastest: dict[str, list[float]] = {name: [] for name in times}
+    slowest: dict[str, list[float]] = {name: [] for name in times}
     for n in counts:
         x = torch.randn(size, device=device)
         tensors = [torch.randn(size, device=device) for _ in range(n)]
@@ -243,13 +245,14 @@ def tiny_ops_sweep(counts: Sequence[int], *, size: int = 16, device: torch.devic
         for name in times:
             times[name].append(r["results"][name]["median_s"])
             fastest[name].append(r["results"][name]["min_s"])
+            slowest[name].append(r["results"][name]["max_s"])
     fits = {}
     if len(counts) >= 2:
         for name, ys in fastest.items():
             fixed, per_op = fit_line(list(counts), ys)
             fits[name] = {"fixed_s": fixed, "per_op_s": per_op}
     return {"counts": list(counts), "size": size, "device": str(device), "median_s": times, "min_s": fastest,
-            "fit": fits}
+            "max_s": slowest, "fit": fits}
 
 
 # --- The hand-written Triton combo kernel --------------------------------------------------------

@@ -381,11 +381,13 @@ class Int8WeightOnlyLinear(nn.Module):
 
 
 def choose_fastest_path(layer: Int8WeightOnlyLinear, example: torch.Tensor, paths=INT8_PATHS,
-                        rtol: float = 2e-2, repeats: int = 3) -> dict:
+                        rtol: float = 2e-2, repeats: int = 3, threads: int | None = None) -> dict:
     """Run every path on `example`, keep those within rtol (relative to the output's norm) of the
-    dequantized fp32 reference, time them side by side and set layer.path to the fastest.
+    dequantized fp32 reference, time them side by side (at `threads` on a CPU; None: torch's current count)
+    and set layer.path to the fastest median.
     Returns {"path": chosen, "errors": {path: relative error, or why it could not run},
-    "times_s": {path: median}}."""
+    "times_s": {path: median}, "timing": the bench.compare result, "tied_with": the runner-up path when
+    its spread overlaps the chosen one's (the choice is a coin toss on this run), else None}."""
     with torch.no_grad():
         reference = F.linear(example.float(), dequantize_per_channel(layer.q, layer.scales))
         if layer.bias is not None:
@@ -403,10 +405,13 @@ def choose_fastest_path(layer: Int8WeightOnlyLinear, example: torch.Tensor, path
                 correct[path] = (lambda p=path: (setattr(layer, "path", p), layer(example)))
         if not correct:
             raise RuntimeError(f"no path matched the reference within rtol={rtol}: errors {errors}")
-        timing = bench.compare(correct, repeats=repeats, min_run_time=0.02, warmup=1, device=example.device)
+        timing = bench.compare(correct, repeats=repeats, min_run_time=0.02, warmup=1, threads=threads,
+                               device=example.device)
     times = {p: r["median_s"] for p, r in timing["results"].items()}
-    layer.path = min(times, key=times.get)
-    return {"path": layer.path, "errors": errors, "times_s": times}
+    ranked = sorted(times, key=times.get)
+    layer.path = ranked[0]
+    tied = ranked[1] if len(ranked) > 1 and not bench.separated(timing, ranked[0], ranked[1]) else None
+    return {"path": layer.path, "errors": errors, "times_s": times, "timing": timing, "tied_with": tied}
 
 
 # --- int4 weight-only, packed two codes per byte (torch's CPU kernel, no torchao) --------------

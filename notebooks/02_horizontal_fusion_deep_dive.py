@@ -6,7 +6,7 @@
 # | **What you will learn** | reading Inductor's generated code (`fusion.inspect_compiled`) and the C++ backend's fusion limits; why a compiled first optimizer step compiles twice, and a learning-rate schedule every step; what a compiled call dispatches, counted with `torch.profiler`; the overhead model (fixed cost per call and cost per op, eager vs compiled, extrapolated and checked); other tools against overhead: `cpp_wrapper`, CUDA graphs (`mode="reduce-overhead"`); Inductor's combo kernels off vs on (the same C++ on a CPU; on a GPU, dispatch lines checked and four SGD steps timed); a combo kernel written by hand in Triton, both dispatch schemes, checked under Triton's interpreter and timed on a GPU with device time; the pitfalls |
 # | **Prerequisites** | [lesson 02](02_horizontal_fusion.ipynb); reading a little C++ or Triton helps |
 # | **Hardware** | any CPU with a C++ compiler; the hand-written kernels run under Triton's interpreter when Triton is installed. On a GPU with Triton: Inductor's combo kernels off vs on, and the hand-written kernels' speed; on NVIDIA/AMD: CUDA graphs on the optimizer step |
-# | **Time** | 74 minutes |
+# | **Time** | 75 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the config names and the dispatch rule were read in the 2.10.0 and 2.13.0 wheels (`torch/_inductor/config.py`, `torch/_inductor/codegen/triton_combo_kernel.py`), and cells print them from the torch you run; combo kernels came in 2.5: foreach cases in pytorch#124969, the automatic horizontal fusion that `combo_kernels=True` turns on in #131675 (relanded as #133291) |
 
 # %% tags=["colab-setup"]
@@ -296,16 +296,25 @@ sweep = fusion.tiny_ops_sweep(SWEEP_COUNTS, device=DEVICE, repeats=REPEATS, min_
 fig = go.Figure()
 for name, ys in sweep["median_s"].items():
     fig.add_trace(go.Scatter(x=sweep["counts"], y=[y * 1e6 for y in ys], mode="lines+markers", name=name,
-                             line=dict(dash="dot" if name.startswith("eager") else "solid")))
+                             line=dict(dash="dot" if name.startswith("eager") else "solid"),
+                             error_y=dict(type="data", symmetric=False,   # fastest to slowest repeat
+                                          array=[(hi - y) * 1e6 for hi, y in zip(sweep["max_s"][name], ys)],
+                                          arrayminus=[(y - lo) * 1e6 for lo, y in zip(sweep["min_s"][name], ys)])))
 fig.update_layout(title=f"n tiny ops on {sweep['size']}-element tensors ({DEVICE.type})",
-                  xaxis_title="number of ops n", yaxis_title="µs per call (median)", height=400)
+                  xaxis_title="number of ops n", yaxis_title="µs per call (median, bars: min-max)",
+                  height=400)
 fig.show()
 print("straight lines fitted on each point's fastest repeat (the least disturbed by other load):")
 for name, fit in sweep["fit"].items():
     print(f"{name:<22} fixed {fit['fixed_s'] * 1e6:7.1f} µs + {fit['per_op_s'] * 1e6:6.2f} µs per op")
-one = {name: ys[0] for name, ys in sweep["median_s"].items()}
-print(f"one tiny op (n={sweep['counts'][0]}): compiled chain {one['compiled chain'] * 1e6:.1f} µs vs eager "
-      f"{one['eager chain'] * 1e6:.1f} µs: compiled is {'slower' if one['compiled chain'] > one['eager chain'] else 'faster'} here")
+one = {name: {key: sweep[key][name][0] for key in ("median_s", "min_s", "max_s")} for name in sweep["median_s"]}
+us = {name: f"{r['median_s'] * 1e6:.1f} µs (min-max {r['min_s'] * 1e6:.1f}-{r['max_s'] * 1e6:.1f})"
+      for name, r in one.items()}
+slower = one["compiled chain"]["median_s"] > one["eager chain"]["median_s"]
+print(f"one tiny op (n={sweep['counts'][0]}): compiled chain {us['compiled chain']} vs eager {us['eager chain']}: "
+      + (f"compiled is {'slower' if slower else 'faster'} here"
+         if bench.separated({"results": one}, "compiled chain", "eager chain") else
+         f"the spreads overlap, {bench.NOISY}"))
 
 # %% [markdown]
 # - **Eager cost grows with the number of ops**, at a few microseconds each, whatever the op does

@@ -6,7 +6,7 @@
 # | **What you will learn** | one op (a fused RMSNorm) through its whole life: a C++ kernel for the CPU and a SYCL kernel for Intel GPUs registered to the same op; its schema, fake kernel and autograd formula with `torch.library`; `torch.compile` with and without a fake kernel; proof with `torch.library.opcheck`; the hand-written kernel against Inductor's; the op inside `torch.export` |
 # | **Prerequisites** | lesson 00; reading a little C++ helps |
 # | **Hardware** | any CPU. The C++ kernels and Inductor on a CPU need a C++ compiler and ninja (without them those cells say what they skip); the SYCL kernel an Intel GPU, an XPU build of torch and `icpx` |
-# | **Time** | 42 minutes |
+# | **Time** | 43 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # The story: an op and its reference → kernel 1, C++ for the CPU → kernel 2, SYCL for an Intel GPU, on the
@@ -301,33 +301,38 @@ your_turn(check_mutates, what="declare what an op writes");
 # around it, forward and backward). Opaque cuts both ways: Inductor cannot fuse our norm with its
 # neighbours, and on its own it fuses the reference's six operations into one generated loop (C++ on a CPU,
 # Triton on a GPU). So: does the hand-written kernel beat the compiler? `ext.compare_with_compiled` compiles the reference (untimed), then
-# times reference, `F.rms_norm`, our op and the compiled reference, interleaved, median of repeats.
+# times reference, `F.rms_norm`, our op and the compiled reference, interleaved, median of repeats, on one thread
+# (compiled at one thread too: Inductor fixes its CPU code's thread count when it generates it).
 
 # %% tags=["predict"]
-inductor_guess = predict(f"On this CPU, {ROWS} x {HIDDEN} float32: our C++ kernel against "
+inductor_guess = predict(f"On this CPU, one thread, {ROWS} x {HIDDEN} float32: our C++ kernel against "
                          "torch.compile(reference)?",
                          options=["the C++ kernel is faster (by more than 10%)", "within 10% of each other",
                                   "torch.compile is faster (by more than 10%)"],
                          example="the C++ kernel is faster (by more than 10%)")
 
 # %%
-timing = dict(repeats=3 if QUICK else 7, min_run_time=0.02 if QUICK else 0.2, device="cpu")
+timing = dict(repeats=3 if QUICK else 7, min_run_time=0.02 if QUICK else 0.2, threads=1, device="cpu")
 if requires("cxx", section="RMSNorm against torch.compile of the reference"):
     result = ext.compare_with_compiled(ROWS, HIDDEN, **timing)
     print(f"torch.compile(reference) generated {result['compiled_kernels']} (first call {result['compile_s']:.1f} s)")
 else:
     result = ext.compare_kernels(ROWS, HIDDEN, **timing)
-print(f"{ROWS} x {HIDDEN} float32 on {result['threads']} threads; labs_ext.rms_norm runs: {result['kernel']}")
+print(f"{ROWS} x {HIDDEN} float32 on {result['threads']} thread; labs_ext.rms_norm runs: {result['kernel']}")
 print(bench.table(result))
 bench.plot(result, title=f"RMSNorm, {ROWS} x {HIDDEN} float32, CPU").show()
 if "torch.compile(reference)" in result["results"]:
     t = {name: r["median_s"] for name, r in result["results"].items()}
     ratio = t["torch.compile(reference)"] / t["labs_ext.rms_norm"]      # > 1: our kernel is faster
+    lo, hi = bench.speedup_range(result["results"], "torch.compile(reference)", "labs_ext.rms_norm")
     verdict = ("the C++ kernel is faster (by more than 10%)" if ratio > 1.1 else
                "torch.compile is faster (by more than 10%)" if ratio < 1 / 1.1 else "within 10% of each other")
     reveal(inductor_guess, verdict,
-           why=f"the compiled reference took {ratio:.2f}x our kernel's time (from {result['threads']} threads, "
-               f"{result['kernel']}). Both are one fused pass that reads each row twice and writes it once; "
+           why=f"the compiled reference took {ratio:.2f}x our kernel's time ({lo:.2f}x to {hi:.2f}x over the "
+               f"repeats, one thread, {result['kernel']})"
+               + (f"; that range crosses a 10% band edge, so which answer holds is {bench.NOISY}"
+                  if lo <= 1.1 <= hi or lo <= 1 / 1.1 <= hi else "")
+               + ". Both are one fused pass that reads each row twice and writes it once; "
                "what remains is vectorisation (Inductor emits SIMD code; our loop relies on the C++ compiler) "
                "and the fixed cost per call. Where they tie, the hand-written kernel buys nothing but a build "
                "and opacity; what it can still buy is control: a layout, a dtype, a device Inductor does not "

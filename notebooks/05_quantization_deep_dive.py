@@ -6,7 +6,7 @@
 # | **What you will learn** | the int8 kernel's devices and paths, and what fp32 activations cost it; the int4 CPU kernel's layout, checked; int4 per tensor, per channel and per group; calibrators and zero points; dynamic int8 with `torch.ao` (deprecated) and torchao; QAT by hand and with torchao's `QATConfig`, against an fp32 control; static int8 with PT2E, lowered through Inductor; FP8 `scaled_mm` row-wise vs tensor-wise, and on an FP8 GPU; torchao's int8, int4 and FP8 configs compiled on a GPU; choosing a format for a size and error budget; the CPU kernels' ISA pitfalls |
 # | **Prerequisites** | [lesson 05](05_quantization.ipynb) |
 # | **Hardware** | any CPU (every numeric section, FP8 included). torchao, a C++ compiler (full mode's compiled rows), an FP8 GPU (NVIDIA sm_89+, AMD MI300+) and an Intel GPU each run their sections; a section without them says what it skipped |
-# | **Time** | 117 minutes |
+# | **Time** | 118 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); claims about 2.10 are checked against its release notes and source. torchao 0.16.0 is the release paired with torch 2.10 |
 
 # %% tags=["colab-setup"]
@@ -121,7 +121,8 @@ reveal(trap_guess, trap_seen,
 # `torch._weight_int8pack_mm` is declared per device in torch's operator list; 2.10 added the XPU kernel
 # (#160938). The cell reads that list and asks the dispatcher which kernels this build has. Since the fastest
 # path depends on the device, its ISA and the build, `quant.choose_fastest_path` runs every path (bf16 or
-# fp32 activations, dequantize then `F.linear`), drops any that is off the fp32 reference, and keeps the fastest.
+# fp32 activations, dequantize then `F.linear`), drops any that is off the fp32 reference, and keeps the fastest
+# median; when the two fastest spreads overlap, the cell says this run could not tell them apart.
 
 # %%
 import pathlib
@@ -135,12 +136,14 @@ built = [key for key in declared if torch._C._dispatch_has_kernel_for_dispatch_k
 print(f"_weight_int8pack_mm kernels declared in torch {torch.__version__}: {', '.join(declared)}; "
       f"in this build: {', '.join(built)}")
 with torch.no_grad():
-    choice = quant.choose_fastest_path(quant.Int8WeightOnlyLinear(*quant.quantize_per_channel(weight)), x1)
-print("chosen path:", choice["path"])
+    choice = quant.choose_fastest_path(quant.Int8WeightOnlyLinear(*quant.quantize_per_channel(weight)), x1,
+                                       threads=TIMING_THREADS)
 for path in quant.INT8_PATHS:
     err = choice["errors"][path]
-    shown = f"{err:.1e}" if isinstance(err, float) else err
-    print(f"  {path:<15} relative error {shown:<10} time {choice['times_s'].get(path, float('nan')) * 1e3:.3f} ms")
+    print(f"  {path:<15} relative error {f'{err:.1e}' if isinstance(err, float) else err}")
+print(bench.table(choice["timing"]))
+print("chosen path:", choice["path"]
+      + (f" (its spread overlaps {choice['tied_with']}'s: which is faster is {NOISY})" if choice["tied_with"] else ""))
 
 # %% [markdown]
 # ### The int4 CPU kernel's layout, checked
@@ -815,8 +818,10 @@ if requires("torchao", "torch_cuda", section="torchao configs on a GPU"):
         print(f"M = {m_rows}, compiled:")
         for name, res in r["results"].items():
             share = quant.model_bytes(models[name]) / res["median_s"] / 1e9 / gpu_bw
-            print(f"  {name:<28} {res['median_s'] * 1e6:9.1f} us  {res['ratio_to_baseline']:5.2f}x bf16's speed"
-                  + (f"  weights read at {share:4.0%} of {gpu_bw:.0f} GB/s" if m_rows == 16 else ""))
+            print(f"  {name:<28} {res['median_s'] * 1e6:9.1f} us ({res['min_s'] * 1e6:.1f}-{res['max_s'] * 1e6:.1f})"
+                  f"  {res['ratio_to_baseline']:5.2f}x bf16's speed"
+                  + (f"  weights read at {share:4.0%} of {gpu_bw:.0f} GB/s" if m_rows == 16 else "")
+                  + ("  (spreads overlap: a tie here)" if name != "bf16" and not bench.separated(r, name, "bf16") else ""))
 
 # %% [markdown]
 # ### The XPU int8 kernel
@@ -834,7 +839,10 @@ if requires("xpu", section="int8 weight-only kernel on Intel GPU"):
         report = quant.choose_fastest_path(layer_xpu, x_xpu)
         xpu_result = bench.compare({"fp32 F.linear": lambda: lin_xpu(x_xpu), "int8 weight-only": lambda: layer_xpu(x_xpu)},
                                    repeats=5, device=DEVICE)
-    print("chosen path:", report["path"], "· errors:", report["errors"])
+    print(bench.table(report["timing"]))
+    print("errors:", report["errors"])
+    print("chosen path:", report["path"]
+          + (f" (its spread overlaps {report['tied_with']}'s: which is faster is {NOISY})" if report["tied_with"] else ""))
     print(bench.table(xpu_result))
 
 

@@ -55,6 +55,7 @@ DEVICE = pick_device()
 if QUICK:
     SEQ_LENS, RAGGED_LENGTHS = [128, 256, 512], [17, 40, 9, 128, 300]
 REPEATS, MIN_RUN_S = (3, 0.02) if QUICK else (5, 0.1)
+TIMING_THREADS = 1      # CPU timings at one thread: other load on the machine spreads them less
 # The forcing section runs where the lesson's backend story ran: on an NVIDIA or AMD GPU whose flash kernel
 # runs, in bf16 (fp16 where the GPU has no bf16); elsewhere on the CPU in fp32.
 GPU_DTYPE = torch.bfloat16 if capabilities().bf16 else torch.float16
@@ -68,30 +69,35 @@ print(f"torch {torch.__version__} · device {DEVICE} · the forcing section on {
 # ## Flash vs MATH as the sequence grows
 #
 # Causal self-attention, batch 1, fp32, each backend forced with `sdpa_kernel`, timed interleaved by
-# `bench.compare`. MATH's work and memory grow with seq²; flash also does O(seq²) arithmetic but in
-# cache-sized tiles, without writing the score matrix. A causal call does half of the two
-# seq × seq × head_dim matmuls; the share of this CPU's fp32 GEMM peak (measured by `helpers.bench`, as in
-# lesson 00) says how close each backend gets to the hardware.
+# `bench.compare` at `TIMING_THREADS` thread, with the spread (min-max) over the repeats. MATH's work and
+# memory grow with seq²; flash also does O(seq²) arithmetic but in cache-sized tiles, without writing the
+# score matrix. A causal call does half of the two seq × seq × head_dim matmuls; the share of this CPU's
+# fp32 GEMM peak (measured by `helpers.bench` at the same thread count, as in lesson 00) says how close each
+# backend gets to the hardware. Where the two spreads overlap, the line says so instead of a winner.
 
 # %%
-timing = attention.time_backends(SEQ_LENS, heads=HEADS, head_dim=HEAD_DIM, repeats=REPEATS, min_run_time=MIN_RUN_S)
+timing = attention.time_backends(SEQ_LENS, heads=HEADS, head_dim=HEAD_DIM, repeats=REPEATS, min_run_time=MIN_RUN_S,
+                                 threads=TIMING_THREADS)
 memory = attention.forward_peak_memory(SEQ_LENS, heads=HEADS, head_dim=HEAD_DIM)
 bench.save_json({"timing": timing, "memory": memory}, "runs/06_deep_sdpa_backends.json")
-limits = bench.measure_limits(quick=True, device="cpu") if QUICK else bench.machine_limits(device="cpu")
-print(f"this CPU's fp32 GEMM peak: {limits['fp32_gemm_gflops']:.0f} GFLOP/s ({limits['threads']} threads)")
+limits = (bench.measure_limits(TIMING_THREADS, quick=True, device="cpu") if QUICK else
+          bench.machine_limits(TIMING_THREADS, device="cpu"))
+print(f"this CPU's fp32 GEMM peak: {limits['fp32_gemm_gflops']:.0f} GFLOP/s ({limits['threads']} thread(s))")
 for n in SEQ_LENS:
-    t = timing["median_s"][n]
+    t, lo, hi = (timing[k][n] for k in ("median_s", "min_s", "max_s"))
     gflops = {b: attention.attention_tflop(1, HEADS, n, HEAD_DIM) * 1e3 / t[b] for b in timing["backends"]}
-    print(f"seq {n:>5}: " + "   ".join(f"{b} {t[b] * 1e3:7.2f} ms, {g:6.1f} GFLOP/s "
+    print(f"seq {n:>5}: " + "   ".join(f"{b} {t[b] * 1e3:7.2f} ms ({lo[b] * 1e3:.2f}-{hi[b] * 1e3:.2f}), "
+                                       f"{g:6.1f} GFLOP/s "
                                        f"({bench.percent_of_limit(g, limits['fp32_gemm_gflops']):4.1f}% of peak)"
-                                       for b, g in gflops.items()))
+                                       for b, g in gflops.items())
+          + ("" if timing["separated"][n] else f"   spreads overlap: {bench.NOISY}"))
 
 # %%
 fig = go.Figure([go.Scatter(x=SEQ_LENS, y=[timing["median_s"][n][b] * 1e3 for n in SEQ_LENS],
                             mode="lines+markers", name=f"{b}, ms") for b in timing["backends"]]
                 + [go.Scatter(x=SEQ_LENS, y=[memory["peak_bytes"][n][b] / 2**20 for n in SEQ_LENS], yaxis="y2",
                               mode="lines", line_dash="dot", name=f"{b}, peak MiB") for b in memory["backends"]])
-fig.update_layout(title=f"Causal SDPA on the CPU, {HEADS} heads × {HEAD_DIM}, fp32, {timing['threads']} threads",
+fig.update_layout(title=f"Causal SDPA on the CPU, {HEADS} heads × {HEAD_DIM}, fp32, {timing['threads']} thread(s)",
                   xaxis_title="sequence length", xaxis_type="log", yaxis_title="ms per call (log)", yaxis_type="log",
                   yaxis2={"title": "peak MiB (log)", "type": "log", "overlaying": "y", "side": "right"}, height=400)
 fig.show()
@@ -233,13 +239,17 @@ for backend, err in attention.gradient_error_per_backend(*qkv).items():
 
 # %%
 training = attention.time_training_step(SEQ_LENS, heads=HEADS, head_dim=HEAD_DIM, repeats=REPEATS,
-                                        min_run_time=MIN_RUN_S)
+                                        min_run_time=MIN_RUN_S, threads=TIMING_THREADS)
 bench.save_json(training, "runs/06_sdpa_training_step.json")
 for n in SEQ_LENS:
-    t, rate = training["median_s"][n], training["GFLOP_per_s"][n]
+    t, rate, lo, hi = (training[k][n] for k in ("median_s", "GFLOP_per_s", "min_s", "max_s"))
+    speed = t["MATH"] / t["FLASH_ATTENTION"]
+    span = (f"{lo['MATH'] / hi['FLASH_ATTENTION']:.2f}x to {hi['MATH'] / lo['FLASH_ATTENTION']:.2f}x "
+            "over the repeats")
     print(f"seq {n:>5}: forward + backward  MATH {t['MATH'] * 1e3:8.2f} ms ({rate['MATH']:5.1f} GFLOP/s)   "
           f"FLASH {t['FLASH_ATTENTION'] * 1e3:8.2f} ms ({rate['FLASH_ATTENTION']:5.1f} GFLOP/s)   "
-          f"flash {t['MATH'] / t['FLASH_ATTENTION']:.2f}x faster")
+          + (f"spreads overlap ({span}): {bench.NOISY}" if not training["separated"][n] else
+             f"flash {speed:.2f}x faster ({span})" if speed > 1 else f"flash {1 / speed:.2f}x slower ({span})"))
 
 
 # %% [markdown]
@@ -710,8 +720,11 @@ compiled_runs = [attention.compile_and_compare(b, t, repeats=REPEATS, min_run_ti
 for r in compiled_runs:
     assert r["max_abs_diff"] < 1e-3, r["max_abs_diff"]
     ratio = r["results"]["compiled"]["ratio_to_baseline"]
+    lo, hi = bench.speedup_range(r["results"], "eager", "compiled")
+    verdict = (("faster" if ratio > 1 else "slower") if bench.separated(r, "eager", "compiled")
+               else f"the spreads overlap: {bench.NOISY}")
     print(f"batch {r['shape'][0]} x {r['shape'][1]} tokens: compile {r['compile_s']:.1f} s, compiled runs at "
-          f"{ratio:.2f}x eager's speed ({'faster' if ratio > 1 else 'slower'}), "
+          f"{ratio:.2f}x eager's speed ({lo:.2f}x to {hi:.2f}x over the repeats; {verdict}), "
           f"max |compiled - eager| {r['max_abs_diff']:.1e}")
 bench.save_json(compiled_runs, "runs/06_compiled_block.json")
 if QUICK:

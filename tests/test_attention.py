@@ -229,9 +229,15 @@ def test_attention_tflop_counts_causal_half_and_backward():
 
 
 def test_training_step_timing_has_every_backend_and_length():
-    r = attention.time_training_step([16, 32], heads=1, head_dim=8, repeats=1, min_run_time=0.001)
+    before = torch.get_num_threads()
+    r = attention.time_training_step([16, 32], heads=1, head_dim=8, repeats=2, min_run_time=0.001, threads=1)
     assert set(r["median_s"]) == {16, 32} and set(r["median_s"][16]) == {"MATH", "FLASH_ATTENTION"}
     assert all(v > 0 for row in r["GFLOP_per_s"].values() for v in row.values())
+    assert torch.get_num_threads() == before and r["threads"] == 1
+    for n in (16, 32):
+        assert all(0 < r["min_s"][n][b] <= r["median_s"][n][b] <= r["max_s"][n][b] for b in r["backends"])
+        lo, hi = r["min_s"][n], r["max_s"][n]
+        assert r["separated"][n] == (hi["MATH"] < lo["FLASH_ATTENTION"] or hi["FLASH_ATTENTION"] < lo["MATH"])
 
 
 def test_backend_timing_keeps_the_spread_and_runs_at_the_threads_asked():

@@ -108,6 +108,23 @@ def test_compiled_forward_and_backward_match_eager():
     torch.testing.assert_close(w.grad, ref_w.grad)
 
 
+def test_comparisons_time_and_compile_at_the_thread_count_asked(monkeypatch):
+    from types import SimpleNamespace
+
+    from helpers import fusion
+    seen = []
+
+    def fake_inspect(fn, *args):   # records the count Inductor would fix in its CPU code
+        seen.append(torch.get_num_threads())
+        return SimpleNamespace(fn=fn, result=fn(*args), kernel_functions=[], compile_s=0.0)
+
+    monkeypatch.setattr(fusion, "inspect_compiled", fake_inspect)
+    before = torch.get_num_threads()
+    result = ext.compare_with_compiled(4, 8, repeats=1, min_run_time=0.001, threads=1)
+    assert seen == [1] and result["threads"] == 1 and torch.get_num_threads() == before
+    assert ext.compare_kernels(4, 8, repeats=1, min_run_time=0.001, threads=1)["threads"] == 1
+
+
 # --- build-and-load ------------------------------------------------------------------------------
 
 def _path_with(tmp_path: Path, *tools: str) -> str:

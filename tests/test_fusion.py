@@ -335,13 +335,14 @@ def test_tiny_ops_sweep_fits_the_fastest_repeats(monkeypatch):
     def fake_compare(candidates, **kwargs):
         n = fake_compare.n.pop(0)
         return {"results": {name: {"median_s": 1.0 if n == 1 else 2.0 + n,      # a disturbed median at n = 1
-                                   "min_s": 3.0 + 2.0 * n} for name in candidates}}
+                                   "min_s": 3.0 + 2.0 * n, "max_s": 4.0 + 2.0 * n} for name in candidates}}
     fake_compare.n = [1, 4, 16]
     monkeypatch.setattr(fusion, "compare", fake_compare)
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     sweep = fusion.tiny_ops_sweep([1, 4, 16])
     assert sweep["min_s"]["compiled chain"] == [5.0, 11.0, 35.0]
     assert sweep["median_s"]["eager chain"] == [1.0, 6.0, 18.0]
+    assert sweep["max_s"]["eager independent"] == [6.0, 12.0, 36.0]
     for fit in sweep["fit"].values():
         assert fit["fixed_s"] == pytest.approx(3.0) and fit["per_op_s"] == pytest.approx(2.0)
 

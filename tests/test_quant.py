@@ -244,8 +244,10 @@ def test_int8_kernel_scales_dtype_must_match_activations():
 
 def test_choose_fastest_path_picks_a_correct_path():
     layer = quant.Int8WeightOnlyLinear.from_linear(nn.Linear(128, 64))
-    report = quant.choose_fastest_path(layer, torch.randn(1, 128), repeats=1)
+    report = quant.choose_fastest_path(layer, torch.randn(1, 128), repeats=1, threads=1)
     assert report["path"] == layer.path and report["path"] in quant.INT8_PATHS
+    assert report["timing"]["threads"] == 1 and set(report["timing"]["results"]) == set(report["times_s"])
+    assert report["tied_with"] in set(report["times_s"]) - {report["path"]} | {None}
     assert all(isinstance(e, float) and e < 2e-2 for e in report["errors"].values())
     odd = quant.Int8WeightOnlyLinear.from_linear(nn.Linear(33, 8))
     report = quant.choose_fastest_path(odd, torch.randn(1, 33), repeats=1)

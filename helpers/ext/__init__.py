@@ -367,9 +367,10 @@ def sample_inputs(device: torch.device | str = "cpu", quick: bool = True) -> lis
 
 
 def compare_kernels(rows: int, hidden: int, dtype: torch.dtype = torch.float32, repeats: int = 5,
-                    device: torch.device | str = "cpu", min_run_time: float = 0.1) -> dict:
+                    device: torch.device | str = "cpu", min_run_time: float = 0.1, threads: int | None = None) -> dict:
     """Time the PyTorch reference, torch's own F.rms_norm and labs_ext.rms_norm (whatever kernel is
-    registered for `device`) side by side with helpers.bench.compare."""
+    registered for `device`) side by side with helpers.bench.compare (at `threads` on a CPU; None: torch's
+    current count)."""
     from helpers.bench import compare
     x = torch.randn(rows, hidden, device=device, dtype=dtype)
     w = torch.rand(hidden, device=device, dtype=dtype)
@@ -377,7 +378,7 @@ def compare_kernels(rows: int, hidden: int, dtype: torch.dtype = torch.float32, 
                       "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6),
                       "labs_ext.rms_norm": lambda: torch.ops.labs_ext.rms_norm(x, w, 1e-6)},
                      baseline="reference (PyTorch ops)", repeats=repeats, device=device, min_run_time=min_run_time,
-                     work=2 * x.numel() * x.element_size() / 1e9, work_unit="GB")
+                     threads=threads, work=2 * x.numel() * x.element_size() / 1e9, work_unit="GB")
     result["kernel"] = kernel_for(device)
     result["shape"] = [rows, hidden]
     result["dtype"] = str(dtype)
@@ -396,22 +397,30 @@ def benchmark(quick: bool = False) -> dict:
 
 
 def compare_with_compiled(rows: int, hidden: int, dtype: torch.dtype = torch.float32, repeats: int = 5,
-                          device: torch.device | str = "cpu", min_run_time: float = 0.1) -> dict:
+                          device: torch.device | str = "cpu", min_run_time: float = 0.1,
+                          threads: int | None = None) -> dict:
     """compare_kernels plus torch.compile of the PyTorch reference (Inductor fuses it into one kernel by
     itself): the question a hand-written kernel must answer. Compiles first (untimed); on a CPU Inductor
-    needs a C++ compiler. result["compiled_kernels"] lists the kernels Inductor generated."""
+    needs a C++ compiler. result["compiled_kernels"] lists the kernels Inductor generated. `threads`: the
+    count everything is timed at, and compiled at too (Inductor's CPU code fixes its OpenMP thread count
+    when it is generated: torch._inductor.utils.parallel_num_threads)."""
     from helpers.bench import compare
     from helpers.fusion import inspect_compiled
     x = torch.randn(rows, hidden, device=device, dtype=dtype)
     w = torch.rand(hidden, device=device, dtype=dtype)
-    compiled = inspect_compiled(rms_norm_reference, x, w)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        compiled = inspect_compiled(rms_norm_reference, x, w)
+    finally:
+        torch.set_num_threads(before)
     torch.testing.assert_close(compiled.result, rms_norm_reference(x, w))
     result = compare({"reference (PyTorch ops)": lambda: rms_norm_reference(x, w),
                       "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6),
                       "labs_ext.rms_norm": lambda: torch.ops.labs_ext.rms_norm(x, w, 1e-6),
                       "torch.compile(reference)": lambda: compiled.fn(x, w)},
                      baseline="reference (PyTorch ops)", repeats=repeats, device=device, min_run_time=min_run_time,
-                     work=2 * x.numel() * x.element_size() / 1e9, work_unit="GB")
+                     threads=threads, work=2 * x.numel() * x.element_size() / 1e9, work_unit="GB")
     result.update(kernel=kernel_for(device), shape=[rows, hidden], dtype=str(dtype),
                   compiled_kernels=compiled.kernel_functions, compile_s=compiled.compile_s)
     return result
