@@ -56,7 +56,6 @@ if QUICK:
 REPEATS, MIN_RUN_S = (5, 0.02) if QUICK else (7, 0.1)
 THREADS = torch.get_num_threads()
 TIMING_THREADS = 1        # every timing runs at this fixed count: all threads on a busy machine swing by several times
-NOISY = "too noisy here to tell; run again or use fewer threads"
 print(f"torch {torch.__version__} · device {DEVICE} · CPU ISA {cpu_capability()} · threads {THREADS} · "
       f"quick: {QUICK} · weight {SIZE}x{SIZE}")
 
@@ -115,12 +114,12 @@ for m in batches:
     fp32_s = sweep_result["results"][f"fp32 M={m}"]["median_s"]
     print(f"M = {m:>2}: fp32 {fp32_s * 1e3:7.3f} ms ({SIZE * SIZE * 4 / fp32_s / 1e9 / BANDWIDTH:4.0%} of the "
           f"read bandwidth), {fp32_s / m * 1e3:6.3f} ms per row · int8 {speedup[m]:.2f}x fp32's speed"
-          + ("" if apart[m] else f" (spreads overlap: {NOISY})"))
+          + ("" if apart[m] else f" (spreads overlap: {bench.NOISY})"))
 
 # %%
 fp32_share = SIZE * SIZE * 4 / sweep_result["results"]["fp32 M=1"]["median_s"] / 1e9 / BANDWIDTH
 if not apart[1]:
-    verdict = f"fp32's and int8's min-max spreads overlapped, so that ratio is {NOISY}"
+    verdict = f"fp32's and int8's min-max spreads overlapped, so that ratio is {bench.NOISY}"
 elif speedup[1] >= 3:
     verdict = "close to the byte ratio: at M = 1 the int8 kernel kept up with memory"
 elif speedup[1] >= 1:
@@ -136,7 +135,7 @@ reveal(speed_guess, speedup[1],
            + ". The weight is read once for all M rows, so the time per row falls as M grows; at M = "
            f"{batches[-1]} int8 ran at {speedup[batches[-1]]:.2f}x fp32's speed"
            + (": with many rows the arithmetic sets the time, not the read." if apart[batches[-1]] else
-              f", but there too the spreads overlapped: {NOISY}."));
+              f", but there too the spreads overlapped: {bench.NOISY}."));
 
 # %% [markdown]
 # ## 2 · int8 weight-only, per channel
@@ -213,7 +212,7 @@ reveal(bytes_guess, closest,
            f"2-byte zero per {GROUP} weights, 2 / {GROUP} of a byte each, 4 / {GROUP} together: a quarter more than "
            f"the codes. At M = 1 int4 ran at {speed_of['int4, bf16 activations']} here, int8 at "
            f"{speed_of['int8, bf16 activations']}"
-           + (f": where spreads overlap, the ratio is {NOISY}." if int4_noisy else
+           + (f": where spreads overlap, the ratio is {bench.NOISY}." if int4_noisy else
               ": where a kernel keeps up with memory, fewer bytes mean less time; where a ratio falls short of the "
               "byte ratio, the kernel's unpacking and scaling set the time."));
 
@@ -377,7 +376,7 @@ for name, (timing, b, task) in rows.items():
     speed = f"{timed[timing]['ratio_to_baseline']:.2f}x" if reliable else "too noisy*"
     print(f"{name:<36}{b:>13.3f}{speed:>19}{acc:>17}")
 if int4_noisy:
-    print(f"* its min-max spread overlaps fp32's: {NOISY}")
+    print(f"* its min-max spread overlaps fp32's: {bench.NOISY}")
 
 # %% [markdown]
 # On a GPU decode stays memory-bound (an H200 reads 4.8 TB/s, https://www.nvidia.com/en-us/data-center/h200/),

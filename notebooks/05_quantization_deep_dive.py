@@ -75,7 +75,6 @@ trap_guess = predict("The same int8 weights fed fp32 activations instead of bf16
 
 # %%
 TIMING_THREADS = 1        # timings run at this fixed count: all threads on a busy machine swing by several times
-NOISY = "too noisy here to tell; run again or use fewer threads"
 COPIES = 2 if QUICK else 4                     # distinct weights cycled, together larger than the cache
 weights = [weight] + [torch.randn(SIZE, SIZE) / SIZE**0.5 for _ in range(COPIES - 1)]
 int8_layers = [quant.Int8WeightOnlyLinear(*quant.quantize_per_channel(w)) for w in weights]
@@ -106,7 +105,7 @@ trap_apart = bench.separated(trap_result, "int8, fp32 activations", "fp32 F.line
 trap_seen = ("about as fast" if not trap_apart else       # overlapping spreads: this run cannot tell them apart
              "faster" if fp32_act > 1.15 else "slower" if fp32_act < 0.87 else "about as fast")
 reveal(trap_guess, trap_seen,
-       why=("" if trap_apart else f"the two spreads overlapped, so this run counts them as about as fast: {NOISY}. ")
+       why=("" if trap_apart else f"the two spreads overlapped, so this run counts them as about as fast: {bench.NOISY}. ")
            + f"Fed fp32, the int8 kernel ran at {fp32_act:.2f}x fp32 F.linear's speed; fed bf16, at {bf16_act:.2f}x. "
            "The CPU kernel (aten/src/ATen/native/cpu/int8mm_kernel.cpp) is compiled per ISA; on x86 (this CPU: "
            f"{cpu_capability()}) its vectorized loop is written for bf16 activations, and "
@@ -143,7 +142,7 @@ for path in quant.INT8_PATHS:
     print(f"  {path:<15} relative error {f'{err:.1e}' if isinstance(err, float) else err}")
 print(bench.table(choice["timing"]))
 print("chosen path:", choice["path"]
-      + (f" (its spread overlaps {choice['tied_with']}'s: which is faster is {NOISY})" if choice["tied_with"] else ""))
+      + (f" (its spread overlaps {choice['tied_with']}'s: which is faster is {bench.NOISY})" if choice["tied_with"] else ""))
 
 # %% [markdown]
 # ### The int4 CPU kernel's layout, checked
@@ -842,7 +841,7 @@ if requires("xpu", section="int8 weight-only kernel on Intel GPU"):
     print(bench.table(report["timing"]))
     print("errors:", report["errors"])
     print("chosen path:", report["path"]
-          + (f" (its spread overlaps {report['tied_with']}'s: which is faster is {NOISY})" if report["tied_with"] else ""))
+          + (f" (its spread overlaps {report['tied_with']}'s: which is faster is {bench.NOISY})" if report["tied_with"] else ""))
     print(bench.table(xpu_result))
 
 
