@@ -269,3 +269,39 @@ def test_a_frame_walk_spelled_so_the_scan_cannot_read_it_is_seen_when_it_runs(wa
     assert library_flags == [], library_flags
     assert [f for f in found if f.startswith(RUNTIME_INTERNALS)] == [f"{RUNTIME_INTERNALS} {reached} (frames)"], \
         (found, done.stderr[-800:])
+
+
+def test_a_helper_that_is_the_answer_is_absent_while_its_exercise_is_graded():
+    """Every reference a submission holds to a forbidden course helper (an import taken before, a subclass of
+    a forbidden class) raises while the exercise is graded and is noted as reached; the grader's harness still
+    runs the helper; everything is as before afterwards. torch's own functions are left to the recorder."""
+    import inspect
+
+    import helpers.moe
+    import helpers.quant
+    from helpers.grading import checks, sandbox
+    from helpers.grading.recorder import record_calls
+    from helpers.moe import permute as imported
+
+    class MyLinear(helpers.quant.Int8WeightOnlyLinear):
+        pass
+    x, ids = torch.randn(6, 4), torch.tensor([[1, 0], [2, 1], [0, 0], [1, 2], [2, 2], [0, 1]])
+    expected = helpers.moe.permute(x, ids, 3)
+    q, scales = torch.randint(-127, 128, (3, 4), dtype=torch.int8), torch.rand(3) + 0.1
+    reached: list[str] = []
+    forbidden = ("helpers.moe.permute", "helpers.quant.Int8WeightOnlyLinear", "torch.compile", "bmm")
+    source = inspect.getsource(helpers.moe.permute)
+    with sandbox.absent_helpers(forbidden, "permute", reached):
+        with pytest.raises(sandbox.AbsentHelper, match="helpers.moe.permute is not available while permute is graded"):
+            imported(x, ids, 3)
+        with pytest.raises(sandbox.AbsentHelper, match="Int8WeightOnlyLinear"):
+            MyLinear(q, scales)
+        assert torch.equal(checks.first(helpers.moe.permute, x, ids, 3), expected[0])   # the harness's call
+        assert torch.compile is not None and torch.bmm(torch.ones(1, 2, 2), torch.ones(1, 2, 2)).sum() == 8
+        pasted: dict = {}   # a copy of the helper's source is still recognised by the recorder meanwhile
+        exec("import torch\nfrom helpers.moe import *\n" + source, pasted)
+        assert record_calls(lambda: pasted["permute"](x, ids, 3), forbidden)[1] == ["helpers.moe.permute"]
+    assert reached == ["helpers.moe.permute", "helpers.quant.Int8WeightOnlyLinear"]
+    assert all(torch.equal(a, b) for a, b in zip(imported(x, ids, 3), expected))
+    assert MyLinear(q, scales, path="dequant")(torch.ones(2, 4)).shape == (2, 3)
+    assert sandbox.ABSENT not in vars(helpers.moe) and sandbox.ABSENT not in vars(helpers.quant)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import _thread
 import contextlib
 import dis
+import functools
 import importlib
 import inspect
 import os
 import sys
 import threading
+import types
 import warnings
 from concurrent.futures import thread as futures_thread
 from typing import Callable
@@ -83,9 +85,12 @@ ALIAS_MODULES = ("torch._refs", "torch._refs.nn.functional", "torch._refs.specia
                  "scipy.special")
 
 
-def forbidden_code(forbidden) -> dict:
+@functools.cache
+def forbidden_code(forbidden: tuple) -> types.MappingProxyType:
     """The Python functions among `forbidden`, by their code keys: dotted names (helpers.moe.permute), and for
-    each op name (softmax) its decompositions and other libraries' functions of that name (ALIAS_MODULES)."""
+    each op name (softmax) its decompositions and other libraries' functions of that name (ALIAS_MODULES).
+    Read once per tuple, as the functions are before any is graded: the sandbox computes them before it makes
+    an exercise's helpers absent (helpers.grading.sandbox.absent_helpers swaps their code)."""
     keys = {}
     for name in forbidden:
         if "." in name:
@@ -105,7 +110,7 @@ def forbidden_code(forbidden) -> dict:
             for key in _code_keys(target):
                 if not (key[0] == BODY and module.startswith("helpers.grading.")):
                     keys[key] = name
-    return keys
+    return types.MappingProxyType(keys)
 
 
 THREAD_STARTS = ((threading, "_start_new_thread"), (_thread, "start_new_thread"),
@@ -148,7 +153,7 @@ def record_calls(run: Callable[[], object], forbidden) -> tuple[object, list[str
     if not forbidden:
         return run(), []
     names: set[str] = set()
-    codes = forbidden_code(forbidden)
+    codes = forbidden_code(tuple(forbidden))
     plain = {n for n in forbidden if "." not in n}
 
     bodies = {key[1] for key in codes if key[0] in (CLONE, BODY)}   # the names each reads: few calls share them

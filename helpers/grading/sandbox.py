@@ -26,6 +26,9 @@ only) ctypes.dlopen of a library inside those folders is allowed, as torch.ops.l
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
+import inspect
 import io
 import os
 import pickle
@@ -34,8 +37,10 @@ import signal
 import sys
 import threading
 import time
+import types
 
 from helpers.grading.messages import FRAME_HEADER
+from helpers.grading.recorder import GRADING_ROOT, _in_library, forbidden_code
 
 BLOCKED_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                   "os.forkpty", "pty.spawn", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
@@ -278,6 +283,86 @@ def tampered(originals: tuple) -> list[str]:
     return changed
 
 
+# --- The course helper that is an exercise's answer is absent while that exercise is graded -------------
+
+ABSENT = "__labs_absent__"   # in a helper's module while its stand-in is in place: the dispatchers, by function
+
+
+class AbsentHelper(RuntimeError):
+    """A course helper that is the answer, called by the submission while its exercise is graded."""
+
+
+def _helper_functions(name: str) -> list:
+    """The Python functions behind a forbidden course helper (helpers.X.f, or each method of a class):
+    none for torch's own functions, which the recorder refuses by name."""
+    if not name.startswith("helpers."):
+        return []
+    module, _, attr = name.rpartition(".")
+    try:
+        target = inspect.unwrap(getattr(importlib.import_module(module), attr))
+    except (ImportError, AttributeError):
+        return []
+    if inspect.isclass(target):
+        return [v for v in vars(target).values() if inspect.isfunction(v)]
+    return [target] if inspect.isfunction(target) else []
+
+
+def _stand_in_code(fn, key: str):
+    """Code with fn's free variables (its function keeps its closure) that hands its arguments to the
+    dispatcher `key` of fn's module."""
+    free = fn.__code__.co_freevars
+    source = ("def outer():\n" + "".join(f"    {v} = None\n" for v in free) +
+              "    def stand_in(*absent_args, **absent_kwargs):\n" +
+              (f"        ({', '.join(free)},)\n" if free else "") +
+              f"        return {ABSENT}[{key!r}](absent_args, absent_kwargs)\n    return stand_in\n")
+    namespace: dict = {}
+    exec(compile(source, f"<absent {key}>", "exec"), namespace)
+    return namespace["outer"]().__code__
+
+
+def _dispatcher(original, name: str, exercise: str, reached: list):
+    """Runs `original` for the grader's harnesses (the first caller outside libraries is in helpers/grading);
+    for anything else, the submission's code, notes `name` in `reached` and raises AbsentHelper."""
+    def dispatch(args, kwargs):
+        frame = sys._getframe(2)   # the stand-in's caller
+        while frame is not None and _in_library(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(GRADING_ROOT):
+            return original(*args, **kwargs)
+        reached.append(name)
+        raise AbsentHelper(f"{name} is not available while {exercise} is graded: the exercise asks for your "
+                           f"own code")
+    return dispatch
+
+
+@contextlib.contextmanager
+def absent_helpers(forbidden, exercise: str, reached: list):
+    """While the block runs, the course's helpers among `forbidden` are absent for the submission: their code
+    is swapped for a stand-in, so every reference the notebook holds (an import, an alias, a method of a
+    subclass) reaches it; a call from the submission's code raises AbsentHelper and is noted in `reached`,
+    a call by the grader's harness runs the helper as before. Restored when the block ends."""
+    forbidden_code(tuple(forbidden))   # the recorder's keys, read from the helpers' own code first
+    swapped, seen = [], set()
+    try:
+        for name in forbidden:
+            for fn in _helper_functions(name):
+                if id(fn) in seen:
+                    continue
+                seen.add(id(fn))
+                original = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                                              fn.__closure__)
+                original.__kwdefaults__ = fn.__kwdefaults__
+                key = f"{fn.__module__}.{fn.__qualname__}"
+                fn.__globals__.setdefault(ABSENT, {})[key] = _dispatcher(original, name, exercise, reached)
+                swapped.append((fn, fn.__code__))
+                fn.__code__ = _stand_in_code(fn, key)
+        yield
+    finally:
+        for fn, code in reversed(swapped):
+            fn.__code__ = code
+            fn.__globals__.pop(ABSENT, None)
+
+
 def main(results_fd: int) -> int:
     import torch
     job = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=True)
@@ -371,14 +456,19 @@ def main(results_fd: int) -> int:
                 entry["cases"].append(record)
                 continue
             start = time.process_time()
-            _limit(call_cpu_limit)
+            reached: list[str] = []
             try:
-                record.update(call_case(fn, list(args), dict(kwargs), call, forbidden, substitutes))
-                _limit(0)
+                with absent_helpers(forbidden, name, reached):
+                    _limit(call_cpu_limit)
+                    try:
+                        record.update(call_case(fn, list(args), dict(kwargs), call, forbidden, substitutes))
+                    finally:
+                        _limit(0)
                 record["value"] = _plain(record["value"])
             except BaseException as exc:   # the time limit (CellTimeout), or a failure of the harness itself
                 _limit(0)
                 record["value"], record["raised"] = None, {"type": type(exc).__name__, "message": str(exc)[:500]}
+            record["torch_calls"] = sorted(set(record["torch_calls"]) | set(reached))
             record["cpu_seconds"] = time.process_time() - start
             record["tampered"] = tampered(originals) + _notebook_threads(baseline_threads)
             entry["cases"].append(record)
