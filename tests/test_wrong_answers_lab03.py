@@ -37,11 +37,6 @@ def permute_counts_not_offsets(x, expert_ids, num_experts):
     return x[order // expert_ids.shape[1]], order, torch.bincount(flat, minlength=num_experts).int()
 
 
-def permute_int64_offsets(x, expert_ids, num_experts):
-    # cumsum's int64 kept: grouped_mm wants int32
-    flat = expert_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    return x[order // expert_ids.shape[1]], order, torch.bincount(flat, minlength=num_experts).cumsum(0)
 
 
 def permute_no_minlength(x, expert_ids, num_experts):
@@ -353,10 +348,6 @@ def layout_unstable(expert_ids, num_experts, multiple=16):
                               stable=False)
 
 
-def layout_int64_offsets(expert_ids, num_experts, multiple=16):
-    # cumsum's int64 kept: grouped_mm wants int32
-    dest, offs, rows = _right_layout(expert_ids, num_experts, multiple)
-    return dest, offs.long(), rows
 
 
 def layout_pads_exact_multiples(expert_ids, num_experts, multiple=16):
@@ -457,8 +448,6 @@ WRONG = [
           "sorts the flattened (token, slot) positions by expert"),
     Wrong(L03, "permute_tokens", "counts-not-offsets", permute_counts_not_offsets,
           "offs: cumulative end offsets, expert 1 gets none", "not the count of each expert"),
-    Wrong(L03, "permute_tokens", "int64-offsets", permute_int64_offsets, "offs is torch.int32",
-          "offs must be torch.int32"),
     Wrong(L03, "permute_tokens", "no-minlength", permute_no_minlength, "experts 2..5 get no token: 6 offsets",
           "tell the counting how many experts there are"),
     Wrong(L03, "permute_tokens", "start-offsets", permute_start_offsets, "offs: cumulative end offsets, expert 1 gets none",
@@ -517,8 +506,6 @@ WRONG = [
           "every group starts at a multiple of 16, counts [17, 15, 3, 13]", "not only the total"),
     Wrong(L03, "padded_layout", "unstable", layout_unstable, "ties keep their arrival order, counts [30, 25, 25]",
           "keep ties in order"),
-    Wrong(L03, "padded_layout", "int64-offsets", layout_int64_offsets, "offs is torch.int32",
-          "offs must be torch.int32"),
     Wrong(L03, "padded_layout", "pads-exact-multiples", layout_pads_exact_multiples,
           "group sizes, counts [16, 32, 16, 16] (each already a multiple)", "a multiple needs no padding row"),
     Wrong(L03, "padded_layout", "clamp-min", layout_clamp_min,

@@ -41,10 +41,6 @@ def key_mask_queries(lengths, max_len):
     return keep[:, None, :, None]
 
 
-def pack_int64(seqs):
-    # cumsum's int64 offsets: varlen_attn wants int32
-    lengths = torch.tensor([s.shape[0] for s in seqs])
-    return torch.cat(seqs), torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]), int(lengths.max())
 
 
 def pack_no_leading_zero(seqs):
@@ -346,7 +342,6 @@ WRONG = [
           "position < length"),
     Wrong(L06, "key_mask", "masks-queries", key_mask_queries, "a boolean mask, True on real keys",
           "shape (batch, 1, 1, max_len)"),
-    Wrong(L06, "pack", "int64-offsets", pack_int64, "three sequences: cu_seq's dtype", "cumsum of int64 lengths"),
     Wrong(L06, "pack", "no-leading-zero", pack_no_leading_zero, "three sequences: cu_seq's values",
           "one entry more than there are sequences"),
     Wrong(L06, "pack", "counts-not-offsets", pack_counts, "three sequences: cu_seq's values",

@@ -1,6 +1,7 @@
 """What every lab's wrong-answer tests share (tests/test_wrong_answers_labNN.py): running an exercise's
-cases as the grader does, the solution notebooks' functions, the row of a wrong answer, and `lab_tests`,
-the one factory of the tests each lab runs.
+cases as the grader does, the solution notebooks' functions, one factory per kind of mistake that turns a
+right answer into it (tests/test_wrong_answer_kinds.py applies each wherever a spec checks that property),
+the row of a wrong answer, and `lab_tests`, the one factory of the tests each lab runs.
 
 For every exercise of every lab in helpers.grading.specs.SPECS, plausible wrong answers (the mistakes
 learners make) fail at least one case, visible or hidden, and the feedback carries the hint meant for that
@@ -62,14 +63,15 @@ def prepared(lab: str, function: str):
     return exercise, cases, [expected_result(exercise, case) for case in cases]
 
 
-def run_cases(lab: str, fn, function: str, reference: bool = False) -> list[tuple[str, str]]:
-    """(case name, problem) for every case, visible or hidden, that fn fails. reference: fn is the spec's
-    reference, which may call what the learner may not, and is not what the cases expecting an
-    exception call."""
+def run_cases(lab: str, fn, function: str, reference: bool = False, only: tuple[str, ...] = ()
+              ) -> list[tuple[str, str]]:
+    """(case name, problem) for every case, visible or hidden, that fn fails (with `only`, the cases of
+    those names). reference: fn is the spec's reference, which may call what the learner may not, and is
+    not what the cases expecting an exception call."""
     exercise, cases, expected = prepared(lab, function)
     failed = []
     for case, want in zip(cases, expected):
-        if reference and case.raises:
+        if (reference and case.raises) or (only and case.name not in only):
             continue
         args, kwargs = copy.deepcopy((case.args, case.kwargs))      # a wrong answer may write into its inputs
         got = call_case(fn, args, kwargs, case.call, () if reference else exercise.forbidden,
@@ -162,6 +164,89 @@ def triton_solution_source() -> str:
                 parts.extend(ast.unparse(n) for n in node.body)
     return "\n\n".join(parts) + "\n"
 
+
+
+# --- Kinds of mistake: one factory each, turning a right answer into that mistake ---------------------
+# tests/test_wrong_answer_kinds.py applies each to every exercise whose spec checks the property it breaks.
+
+def _tensors(args) -> list[torch.Tensor]:
+    return [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def reads_back_to_the_host(fn):
+    """The cost kind: fn after sizing something from its input's largest value, read on the host (a sync
+    on a GPU): the right values, a wait the exercise says it has not."""
+    def wrong(*args, **kwargs):
+        int(_tensors(args)[-1].max())
+        return fn(*args, **kwargs)
+    return wrong
+
+
+def does_the_work_twice(fn):
+    """The cost kind: fn's result computed twice, the second kept: the right values, twice the FLOPs."""
+    def wrong(*args, **kwargs):
+        fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return wrong
+
+
+def returns_another_dtype(fn, index: int | None):
+    """The dtype kind: fn's result (or its element `index`) in another dtype of the same family: integers
+    wider or narrower, floats in float64 or float32 (the values stay right)."""
+    def other(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype.is_floating_point:
+            return t.to(torch.float32 if t.dtype == torch.float64 else torch.float64)
+        return t.to(torch.int32 if t.dtype == torch.int64 else torch.int64)
+
+    def wrong(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if index is None:
+            return other(out)
+        out = list(out)
+        out[index] = other(torch.as_tensor(out[index]))
+        return tuple(out)
+    return wrong
+
+
+def message_without_the_fix(fn):
+    """The error-message kind: fn refusing the same bad input with the same exception type, in words that
+    say only that it is invalid (not what was wrong nor what to do)."""
+    def wrong(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise type(exc)("invalid input") from None
+    return wrong
+
+
+def collects_before_yielding(fn):
+    """The streaming kind: a loader that runs every item before it yields the first (the right items, in
+    order, none streamed)."""
+    def wrong(*args, **kwargs):
+        return iter(list(fn(*args, **kwargs)))
+    return wrong
+
+
+_BUFFER = torch.zeros(0)   # the module-level tensor writes_into_a_shared_buffer reuses
+
+
+def writes_into_a_shared_buffer(fn):
+    """The shared-state kind: fn's result copied into one buffer of the module, reused by every call (and
+    every thread): the right values, until two calls overlap."""
+    def wrong(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        _BUFFER.resize_(out.shape).copy_(out)
+        return _BUFFER
+    return wrong
+
+
+def draws_from_the_global_generator(fn):
+    """The reproducibility kind: fn after a draw from torch's global generator (the default init, a global
+    seed) where the exercise gives its own generator."""
+    def wrong(*args, **kwargs):
+        torch.rand(1)
+        return fn(*args, **kwargs)
+    return wrong
 
 
 # --- A wrong answer's row, and the tests every lab runs -------------------------------------------
