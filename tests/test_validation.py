@@ -6,6 +6,7 @@ import copy
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -422,6 +423,7 @@ def test_runs_at_different_settings_are_refused(small_run):
                              (lambda s: s.update(threads=2), "threads: 1 vs 2"),
                              (lambda s: s.update(compile=True), "compile"),
                              (lambda s: s.update(device="cuda"), "device: 'cpu' vs 'cuda'"),
+                             (lambda s: s.update(omp_wait_policy="SPIN"), "omp_wait_policy: .* vs 'SPIN'"),
                              (lambda s: s["sizes"]["unet_attention"].update(latent=64), "unet_attention sizes: latent")):
         b = copy.deepcopy(a)
         change(b["settings"])
@@ -475,6 +477,23 @@ def test_unknown_workload_is_rejected():
         run_pipeline(workloads=["resnet"], progress=False)
 
 
+def test_one_thread_on_the_cpu_is_timed_by_cpu_time_with_the_wall_time_beside():
+    """At one thread a call's time away from the CPU (here asleep, as when other work has the core) does not
+    count; at two threads, whose CPU times would add up, the wall clock times it."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        nap = workloads.sample_calls({"nap": lambda: time.sleep(0.02)}, CPU, 3, warmup=0)["nap"]
+        assert nap.clock == "cpu" and max(nap) < 0.01 and min(nap.wall) >= 0.02
+        fig = workloads.figure(nap)
+        assert fig["clock"] == "cpu" and fig["value"] < 0.01 and fig["wall_value"] >= 0.02
+        torch.set_num_threads(2)
+        nap = workloads.sample_calls({"nap": lambda: time.sleep(0.02)}, CPU, 3, warmup=0)["nap"]
+        assert nap.clock == "wall" and min(nap) >= 0.02 and "clock" not in workloads.figure(nap)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_merge_pools_samples_and_checks_repeatability(small_run):
     a = load_run(small_run)
     merged = merge_runs([a, copy.deepcopy(a)])
@@ -482,6 +501,7 @@ def test_merge_pools_samples_and_checks_repeatability(small_run):
     assert fig["n"] == 2 * a["workloads"]["unet_attention"]["figures"]["iteration_time"]["n"]
     assert merged["rounds"] == 2 and all(merged["repeatability"].values())
     assert merged["workloads"]["dlrm_moe_train"]["figures"]["peak_step_memory"]["n"] == 1    # exact: not pooled
+    assert a["settings"]["clock"] == "cpu" and len(fig["wall_samples"]) == fig["n"]        # one thread: CPU time
     other = copy.deepcopy(a)
     other["torch"] = "2.9.1"
     with pytest.raises(NotComparable, match="different torch versions"):
@@ -553,6 +573,8 @@ def test_matrix_driver_with_two_venvs_of_this_torch(monkeypatch, tmp_path):
     report = json.loads((tmp_path / "m" / "report.json").read_text())
     assert report["comparable"] and {n["status"] for n in report["numerics"]} == {"identical"}
     assert report["rows"][0]["n_a"] == 4                                  # 2 samples x 2 rounds, pooled
+    run = json.loads((tmp_path / "m" / f"torch-{v}-b" / "round2.json").read_text())
+    assert run["settings"]["omp_wait_policy"] == "PASSIVE"               # every round's threads sleep when idle
     assert matrix.latest_matrix(tmp_path) == tmp_path / "m"
     with pytest.raises(ValueError, match="exactly two"):
         matrix.run_matrix(["2.9.1"], out=tmp_path / "x")

@@ -38,6 +38,12 @@ from helpers.files import write_text_atomic
 REPO = Path(__file__).resolve().parents[2]
 REQUIREMENTS = REPO / "environments" / "validate.txt"
 RUN_TIMEOUT_S = 3600
+# Every round's environment, unless the caller's already sets it: OpenMP threads that sleep while they wait
+# instead of spinning leave the cores to whatever else runs. Kept because it lowered the measured noise: A/A
+# rounds of the quick workloads on 2 busy cores, interleaved with the default, median per-pair spread 0.097
+# against 0.133 on the log scale (10 pairs). Pinning threads to cores (OMP_PROC_BIND=close, OMP_PLACES=cores)
+# raised it (0.190 against 0.132, 8 pairs) and is not used.
+ROUND_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def venv_path(version: str, suffix: str = "") -> Path:
@@ -92,7 +98,7 @@ def run_matrix(versions: list[str], *, quick: bool = True, rounds: int = 4, thre
     total_start = time.perf_counter()
     out = Path(out or REPO / "runs" / "validation-matrix" / time.strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
-    threads = threads or min(os.cpu_count() or 1, 2 if quick else os.cpu_count() or 1)
+    threads = threads or (1 if quick else os.cpu_count() or 1)   # quick: one thread, timed on the CPU clock
     names = [f"torch-{v}" for v in versions]
     suffixes = ["", "-b" if not same_venv else ""] if versions[0] == versions[1] else ["", ""]
     if versions[0] == versions[1]:
@@ -122,7 +128,7 @@ def run_matrix(versions: list[str], *, quick: bool = True, rounds: int = 4, thre
                 if r > 0 and "--checks" not in (run_args or []):
                     cmd += ["--checks"]                          # the checks once per version, in round 1
                 start = time.perf_counter()
-                rc = _run(cmd, log, timeout=RUN_TIMEOUT_S, cwd=REPO)
+                rc = _run(cmd, log, timeout=RUN_TIMEOUT_S, cwd=REPO, env=ROUND_ENV | dict(os.environ))
                 seconds = time.perf_counter() - start
                 record["runs"].append({"version": v, "name": name, "round": r + 1, "exit_code": rc,
                                        "seconds": seconds, "file": str(path.relative_to(out))})

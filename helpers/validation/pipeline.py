@@ -45,7 +45,7 @@ from helpers.device import capabilities, pick_device
 from helpers.files import write_text_atomic
 from helpers.validation import reference, stats
 from helpers.validation.upgrade import CHECKS
-from helpers.validation.workloads import WORKLOADS, sizes
+from helpers.validation.workloads import WORKLOADS, sizes, timing_clock
 
 SCHEMA = "pytorch-210-labs/validation-run/2"
 MIN_CHANGE = stats.MIN_CHANGE
@@ -83,6 +83,7 @@ def run_pipeline(quick: bool = True, *, device: str = "auto", threads: int | Non
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)         # the whole run at one thread count: no recompiles, one setting
     settings = {"quick": quick, "compile": compile, "device": dev.type, "threads": threads, "samples": samples,
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "").upper() or None, "clock": timing_clock(dev),
                 "sizes": {w: sizes(w, quick) if w in WORKLOADS else {} for w in workloads}}
     run = {"schema": SCHEMA, "label": label or f"torch {torch.__version__}",
            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__, "device": str(dev),
@@ -188,7 +189,7 @@ def _gpu_driver() -> str | None:
         return None
 
 
-ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF",
+ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF",
             "TORCH_EXTENSIONS_DIR", "TORCH_CUDA_ARCH_LIST", "TORCHINDUCTOR_CACHE_DIR")
 
 
@@ -297,6 +298,8 @@ def merge_runs(runs: list[dict], label: str | None = None) -> dict:
                 if name in o["figures"] and f.get("stat") != "exact":
                     f["groups"] = f.get("groups", [len(f["samples"])]) + [len(o["figures"][name]["samples"])]
                     f["samples"] = f["samples"] + o["figures"][name]["samples"]
+                    if "wall_samples" in f:
+                        f["wall_samples"] = f["wall_samples"] + o["figures"][name].get("wall_samples", [])
             for out, rec in r.get("references", {}).items():
                 same = o.get("references", {}).get(out, {}).get("sha256") == rec["sha256"]
                 repeat[f"{w}/{out}"] = repeat.get(f"{w}/{out}", True) and same
@@ -304,6 +307,8 @@ def merge_runs(runs: list[dict], label: str | None = None) -> dict:
             if f.get("stat") != "exact":
                 f["value"] = stats.statistic(f["samples"], f["stat"])
                 f["min"], f["max"], f["n"] = min(f["samples"]), max(f["samples"]), len(f["samples"])
+                if f.get("wall_samples"):
+                    f["wall_value"] = stats.statistic(f["wall_samples"], f["stat"])
         base["workloads"][w]["figures"] = figs
     for other in runs[1:]:
         for step, found in other.get("warnings", {}).items():
@@ -321,10 +326,11 @@ def merge_runs(runs: list[dict], label: str | None = None) -> dict:
 
 
 def setting_differences(a: dict, b: dict) -> list[str]:
-    """What makes two runs not comparable: quick mode, sizes, samples, compile, threads, device type."""
+    """What makes two runs not comparable: quick mode, sizes, samples, compile, threads, device type, how OpenMP's
+    threads wait, the clock the timings were read from."""
     sa, sb = a.get("settings", {}), b.get("settings", {})
-    diffs = [f"{k}: {sa.get(k)!r} vs {sb.get(k)!r}" for k in ("quick", "compile", "device", "threads", "samples")
-             if sa.get(k) != sb.get(k)]
+    diffs = [f"{k}: {sa.get(k)!r} vs {sb.get(k)!r}" for k in ("quick", "compile", "device", "threads", "samples",
+                                                              "omp_wait_policy", "clock") if sa.get(k) != sb.get(k)]
     for w in sorted(set(sa.get("sizes", {})) & set(sb.get("sizes", {}))):
         if sa["sizes"][w] != sb["sizes"][w]:
             keys = sorted(k for k in set(sa["sizes"][w]) | set(sb["sizes"][w])
