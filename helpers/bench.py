@@ -177,7 +177,8 @@ LIMITS_CACHE = Path(os.environ.get("LABS_CACHE", Path.home() / ".cache" / "pytor
 
 def measure_limits(threads: int | None = None, *, device: torch.device | str, quick: bool = False) -> dict:
     """Measure memory read bandwidth (GB/s, a sum over a large fp32 tensor) and fp32 GEMM peak
-    (GFLOP/s, square matmul) on `device`, with the given thread count."""
+    (GFLOP/s, square matmul) on `device`, with the given thread count: the medians of the repeats, and
+    each one's range over them ("..._range": slowest repeat, fastest repeat)."""
     device = torch.device(device)
     threads = threads or torch.get_num_threads()
     old_threads = torch.get_num_threads()
@@ -191,9 +192,12 @@ def measure_limits(threads: int | None = None, *, device: torch.device | str, qu
                          threads=threads, device=device)
     finally:
         torch.set_num_threads(old_threads)
+    read, gemm = result["results"]["read"], result["results"]["gemm"]
     return {"device": str(device), "threads": threads, "torch": torch.__version__,
-            "read_bandwidth_gbs": n_bytes / result["results"]["read"]["median_s"] / 1e9,
-            "fp32_gemm_gflops": 2 * n**3 / result["results"]["gemm"]["median_s"] / 1e9,
+            "read_bandwidth_gbs": n_bytes / read["median_s"] / 1e9,
+            "fp32_gemm_gflops": 2 * n**3 / gemm["median_s"] / 1e9,
+            "read_bandwidth_gbs_range": [n_bytes / read["max_s"] / 1e9, n_bytes / read["min_s"] / 1e9],
+            "fp32_gemm_gflops_range": [2 * n**3 / gemm["max_s"] / 1e9, 2 * n**3 / gemm["min_s"] / 1e9],
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "quick": quick}
 
 
@@ -206,7 +210,7 @@ def machine_limits(threads: int | None = None, *, device: str) -> dict:
     name = capabilities().cpu_name if dev == "cpu" else capabilities().device_name
     key = f"{name}|{dev}|{threads}|{torch.__version__}"
     cache = json.loads(LIMITS_CACHE.read_text()) if LIMITS_CACHE.exists() else {}
-    if key not in cache:
+    if "fp32_gemm_gflops_range" not in cache.get(key, {}):     # absent, or cached before the ranges were kept
         cache[key] = measure_limits(threads=threads, device=dev)
         save_json(cache, LIMITS_CACHE)
     return cache[key]

@@ -352,15 +352,26 @@ def speedup(result: dict, loader: str, workers: int) -> float:
     return result["by_workers"][workers]["results"][loader]["ratio_to_baseline"]
 
 
+def items_per_s_range(result: dict, loader: str) -> tuple[list[float], list[float]]:
+    """A loader's items/s in its slowest and in its fastest repeat, at each worker count of a `measure` result."""
+    runs = [result["by_workers"][k]["results"][loader] for k in result["worker_counts"]]
+    return [result["items"] / r["max_s"] for r in runs], [result["items"] / r["min_s"] for r in runs]
+
+
 def speedup_table(result: dict) -> str:
     """A `measure` result as text: each loader's speed-up over serial (measured beside it) per worker
-    count, and serial's own items/s."""
+    count, and serial's own items/s. A speed-up whose spread overlaps serial's is marked ~ (a tie here)."""
+    from helpers.bench import separated
     counts = result["worker_counts"]
     names = [n for n in result["by_workers"][counts[0]]["results"] if n != "serial"]
+    ties = {(name, k): not separated(result["by_workers"][k], "serial", name) for name in names for k in counts}
     rows = ["speed-up over serial, by number of workers",
             f"{'workers':<24}" + "".join(f"{k:>12}" for k in counts),
-            *(f"{name:<24}" + "".join(f"{speedup(result, name, k):>11.2f}x" for k in counts) for name in names),
+            *(f"{name:<24}" + "".join(f"{'~' * ties[name, k] + f'{speedup(result, name, k):.2f}':>11}x" for k in counts)
+              for name in names),
             f"{'(serial items/s)':<24}" + "".join(f"{v:>12.0f}" for v in items_per_s(result, "serial"))]
+    if any(ties.values()):
+        rows.append("~ its spread over the repeats overlaps serial's: a tie here")
     return "\n".join(rows)
 
 
@@ -481,22 +492,23 @@ def interpreter_benchmark(n_texts: int = 32, words: int = 300, workers: int = 2,
     with what it is (CPython and torch versions, free-threaded build, GIL on after torch's import)."""
     texts = make_texts(n_texts, words=words)
 
-    def median(call) -> float:
+    def timed(call) -> dict:
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
             call()
             times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
+        return {"median_s": sorted(times)[len(times) // 2], "min_s": min(times), "max_s": max(times)}
 
     count(map(tokenize, texts))      # warm-up
-    serial = median(lambda: count(map(tokenize, texts)))
-    threaded = median(lambda: count(thread_map(tokenize, texts, workers=workers)))
+    serial = timed(lambda: count(map(tokenize, texts)))
+    threaded = timed(lambda: count(thread_map(tokenize, texts, workers=workers)))
     gil_check = getattr(sys, "_is_gil_enabled", None)
     return {"python": sys.version.split()[0], "free_threaded": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
             "gil_enabled": gil_check() if gil_check else True, "torch": torch.__version__, "texts": n_texts,
             "words": words, "workers": workers, "repeats": repeats,
-            "serial_s": serial, "threads_s": threaded, "speedup": serial / threaded}
+            "serial_s": serial["median_s"], "threads_s": threaded["median_s"],
+            "speedup": serial["median_s"] / threaded["median_s"], "results": {"serial": serial, "threads": threaded}}
 
 
 def interpreter_benchmark_in(python: str, timeout_s: float = 300, env: dict | None = None, **kwargs) -> dict:
@@ -578,10 +590,22 @@ def side_by_side_lines(record: dict) -> list[str]:
                      f"{r['threads_s'] * 1e3:>12.1f}{r['speedup']:>9.2f}x")
     ft, gil = runs[FT_BUILD], runs[GIL_BUILD]
     lines.append(f"one thread, free-threaded build against the GIL build: {ft['serial_s'] / gil['serial_s']:.2f}x "
-                 f"the time")
+                 f"the time" + _ratio_spread(ft, "serial", gil, "serial"))
     lines.append(f"{ft['workers']} threads on the free-threaded build against one thread on the GIL build: "
-                 f"{gil['serial_s'] / ft['threads_s']:.2f}x the speed")
+                 f"{gil['serial_s'] / ft['threads_s']:.2f}x the speed" + _ratio_spread(gil, "serial", ft, "threads"))
     return lines
+
+
+def _ratio_spread(run_a: dict, a: str, run_b: dict, b: str) -> str:
+    """The range over the repeats of run_a's `a` time over run_b's `b` time, with bench.NOISY when the two
+    ranges overlap; a record made before interpreter_benchmark kept min and max has no range to give."""
+    from helpers import bench
+    if "results" not in run_a or "results" not in run_b:
+        return " (no spread was recorded)"
+    pair = {"results": {"a": run_a["results"][a], "b": run_b["results"][b]}}
+    lo, hi = bench.speedup_range(pair["results"], "a", "b")
+    noisy = "" if bench.separated(pair, "a", "b") else f"; {bench.NOISY}"
+    return f" ({lo:.2f}x to {hi:.2f}x over the repeats{noisy})"
 
 
 # --- An extension that turns the GIL back on -------------------------------------------------

@@ -584,8 +584,9 @@ def roofline_seconds(flops, nbytes, peak_flops: float, bandwidth: float) -> floa
 def measure_split(counts: torch.Tensor, k: int, n: int, *, dtype: torch.dtype = torch.float32,
                   threads: int = 1, repeats: int = 5, min_run_time: float = 0.05, seed: int = 0) -> dict:
     """GFLOP/s of loop, padded bmm, grouped_mm and a dense GEMM with the same FLOPs, measured
-    side by side; 'vs_dense' is each one's throughput as a fraction of the dense GEMM's. "grouped_mm"
-    is torch.nn.functional.grouped_mm itself, called directly (not the validated `grouped_gemm`)."""
+    side by side; 'vs_dense' is each one's throughput as a fraction of the dense GEMM's, 'result' the
+    bench.compare result (each one's spread over the repeats). "grouped_mm" is
+    torch.nn.functional.grouped_mm itself, called directly (not the validated `grouped_gemm`)."""
     g = torch.Generator().manual_seed(seed)
     rows = int(counts.sum())
     xs = torch.randn(rows, k, generator=g).to(dtype)
@@ -602,7 +603,7 @@ def measure_split(counts: torch.Tensor, k: int, n: int, *, dtype: torch.dtype = 
             "gflop": work, "padded_rows": len(counts) * int(counts.max()),
             "gflops": {name: r["GFLOP_per_s"] for name, r in result["results"].items()},
             "vs_dense": {name: r["GFLOP_per_s"] / dense for name, r in result["results"].items()},
-            "median_s": {name: r["median_s"] for name, r in result["results"].items()}}
+            "median_s": {name: r["median_s"] for name, r in result["results"].items()}, "result": result}
 
 
 def benchmark(quick: bool = False, threads: int = 1) -> dict:

@@ -6,7 +6,7 @@
 # | **What you will learn** | what your machine can run and why a section skips; why many small operations are slow; your path through the course, with times |
 # | **Prerequisites** | Python and basic PyTorch (tensors, `nn.Module`) |
 # | **Hardware** | any CPU; on a GPU the measurements run there |
-# | **Time** | 19 minutes |
+# | **Time** | 20 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each lesson asks you to **predict before it measures**: a 🔮 cell asks a question (a control in
@@ -131,8 +131,14 @@ import ipywidgets as widgets
 
 from helpers.interactive import interact
 
-interact(lambda n: print(f"2^{n} floats per tensor: {foreach_point(n)['foreach']['ratio_to_baseline']:.1f}x"),
-         n=widgets.IntSlider(value=8, min=SWEEP[0], max=TOP, step=2));
+def live_point(n: int) -> None:
+    point = foreach_point(n)
+    lo, hi = bench.speedup_range(point, "loop", "foreach")
+    print(f"2^{n} floats per tensor: {point['foreach']['ratio_to_baseline']:.1f}x ({lo:.1f}x to {hi:.1f}x over the "
+          "repeats)" + ("" if bench.separated({"results": point}, "loop", "foreach") else f"; {bench.NOISY}"))
+
+
+interact(live_point, n=widgets.IntSlider(value=8, min=SWEEP[0], max=TOP, step=2));
 log2_size = None
 
 # %%
@@ -143,6 +149,10 @@ def check_size():
         fail("the sweep", f"no size up to 2^{TOP} got below 1.2x here", "other load? run the sweep cell again")
     if log2_size not in sweep:
         fail("the size", f"log2_size is {log2_size!r}", f"set it to an even number from {SWEEP[0]} to {TOP}")
+    answer = min(n for n, ratio in sweep.items() if ratio < 1.2)
+    ranges = [bench.speedup_range(points[n], "loop", "foreach") for n in (answer, log2_size)]
+    if abs(log2_size - answer) == 2 and any(lo < 1.2 <= hi for lo, hi in ranges):
+        return   # a neighbour whose range straddles 1.2x: either size is right on this run
     if sweep[log2_size] >= 1.2:
         fail("the size", f"at 2^{log2_size} the sweep has _foreach_add_ at {sweep[log2_size]:.2f}x, still 1.2x "
              "or more", "go larger: the arithmetic must outweigh the calls")

@@ -6,7 +6,7 @@
 # | **What you will learn** | how to tell whether your Python has a GIL right now; which transforms threads speed up on a GIL build (work that releases the GIL) and which only processes can (pure Python); what `DataLoader` worker processes pay per item, and what collating a batch in the worker saves; what a free-threaded build changes, measured side by side (or read from a recorded run); why thread loaders need a random generator per item |
 # | **Prerequisites** | lesson 00; `torch.utils.data.DataLoader` and `Dataset` |
 # | **Hardware** | any CPU; more cores show more scaling. The free-threaded sections need a free-threaded CPython (3.13t/3.14t, `environments/free-threaded.txt`, `make free-threaded`); elsewhere the lesson shows a recorded run of them |
-# | **Time** | 44 minutes |
+# | **Time** | 45 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the 2.10 facts are checked against its source and release notes |
 #
 # PyTorch 2.10 supports Python 3.10-3.14 and ships experimental free-threaded builds (3.13t, 3.14t): a
@@ -138,7 +138,8 @@ batched_guess = predict(f"For tokenize with {K} worker processes, how many times
 #
 # `data.measure` times serial loading and the four loaders interleaved (`helpers.bench.compare`, median of
 # repeats), one worker count at a time, with torch at one intra-op thread so that all parallelism comes from
-# the workers. Each speed-up is against the serial run measured beside it.
+# the workers. Each speed-up is against the serial run measured beside it; one marked ~ overlaps serial's
+# spread over the repeats, a tie on this run.
 
 # %%
 WITH_TORCHDATA = requires("torchdata", section="torchdata.nodes thread loader")
@@ -162,15 +163,18 @@ colours = dict(zip(data.LOADERS, ["#d62728", "#1f77b4", "#17becf", "#2ca02c"]))
 fig = make_subplots(rows=1, cols=2, subplot_titles=list(results))
 for col, result in enumerate(results.values(), start=1):
     for name in loaders:
-        fig.add_trace(go.Scatter(x=WORKER_COUNTS, y=data.items_per_s(result, name), mode="lines+markers",
-                                 name=name, legendgroup=name, showlegend=col == 1,
-                                 line=dict(color=colours[name])), row=1, col=col)
+        y, (slowest, fastest) = data.items_per_s(result, name), data.items_per_s_range(result, name)
+        fig.add_trace(go.Scatter(x=WORKER_COUNTS, y=y, mode="lines+markers", name=name, legendgroup=name,
+                                 showlegend=col == 1, line=dict(color=colours[name]),
+                                 error_y=dict(type="data", symmetric=False, array=[f - m for f, m in zip(fastest, y)],
+                                              arrayminus=[m - s for s, m in zip(slowest, y)])), row=1, col=col)
     serial = sorted(data.items_per_s(result, "serial"))[len(WORKER_COUNTS) // 2]
     fig.add_hline(y=serial, line_dash="dash", annotation_text="serial", row=1, col=col)
     fig.add_vline(x=caps.cpu_count, line_dash="dot", annotation_text=f"{caps.cpu_count} cores", row=1, col=col)
 fig.update_xaxes(title_text="workers", type="log", tickvals=WORKER_COUNTS)
 fig.update_yaxes(title_text="items / s (higher is better)", rangemode="tozero", col=1)
-fig.update_layout(height=420, title=f"Loading throughput · Python {sys.version.split()[0]}, GIL on: {gil_on}")
+fig.update_layout(height=420, title=f"Loading throughput (bars: slowest to fastest repeat) · "
+                                   f"Python {sys.version.split()[0]}, GIL on: {gil_on}")
 fig.show()
 
 # %% tags=["reveal"]

@@ -475,8 +475,11 @@ def try_threads(family="GIL-releasing: augment_image (torch ops)", workers=2):
     fn, items = families[family]
     r = bench.compare({"serial": lambda: data.count(map(fn, items[:8])),
                        "threads": lambda: data.count(data.thread_map(fn, items[:8], workers=workers))},
-                      repeats=2, min_run_time=0.02, warmup=1, threads=1, device="cpu")
-    print(f"{family}, {workers} threads: {r['results']['threads']['ratio_to_baseline']:.2f}x serial")
+                      repeats=3, min_run_time=0.02, warmup=1, threads=1, device="cpu")
+    lo, hi = bench.speedup_range(r["results"], "serial", "threads")
+    print(f"{family}, {workers} threads: {r['results']['threads']['ratio_to_baseline']:.2f}x serial "
+          f"({lo:.2f}x to {hi:.2f}x over the repeats)"
+          + ("" if bench.separated(r, "serial", "threads") else f"; {bench.NOISY}"))
 
 
 interact(try_threads, manual=True, family=widgets.Dropdown(options=list(families)),

@@ -6,7 +6,7 @@
 # | **What you will learn** | how an MoE layer turns routing into ragged groups (top-k router → token permutation → int32 END offsets → grouped GEMM → unpermute and combine); three ways to run the expert GEMMs (a loop of GEMMs, padded `bmm`, `torch.nn.functional.grouped_mm`) checked against one reference; which path `grouped_mm` takes on your machine; how fast each is against a dense GEMM with the same FLOPs, as the number of experts and the skew change; the roofline that says when an expert GEMM is memory-bound |
 # | **Prerequisites** | lesson 00; matrix multiplication; what a mixture-of-experts layer is (a router sends each token to k of E expert MLPs) |
 # | **Hardware** | any CPU: everything here runs on one. The GPU paths (CUTLASS on NVIDIA, the fallback and CK on ROCm), a Triton kernel and its device-side schedule are in the deep dive |
-# | **Time** | 43 minutes |
+# | **Time** | 45 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); the CPU fallback was read in `aten/src/ATen/native/GroupedMMUtils.h` and is shown by the profiler on the torch you run |
 #
 # The story: routing makes ragged groups → the offsets that describe them → three implementations, one
@@ -152,15 +152,20 @@ path_guess = predict(f"Which path does F.grouped_mm take on this machine ({DEVIC
 # %%
 EXPERT_COUNTS = (4, E_ASK) if QUICK else (4, 8, E_ASK, 32)
 SKEWS = (0.0, SKEW_ASK) if QUICK else (0.0, 0.75, 1.5, SKEW_ASK, 3.0)
-runs = []
+runs, any_tie = [], False
 for e in EXPERT_COUNTS:
     for skew in SKEWS:
         run = moe.measure_split(moe.skewed_counts(ROWS, e, skew), D_MODEL, D_FF, threads=THREADS,
                                 dtype=getattr(torch, BENCH_DTYPE), repeats=3, min_run_time=0.01 if QUICK else 0.05)
         runs.append({"skew": skew, **run})
+        tie = {name: not bench.separated(run["result"], name, "dense") for name in run["vs_dense"] if name != "dense"}
+        any_tie = any_tie or any(tie.values())
         print(f"E={e:>2} skew={skew:<4} padded rows / real rows={run['padded_rows'] / ROWS:4.1f}  dense "
               f"{run['gflops']['dense']:6.1f} GFLOP/s | % of dense: " +
-              "  ".join(f"{name} {100 * v:4.0f}%" for name, v in run["vs_dense"].items() if name != "dense"))
+              "  ".join(f"{name} {'~' * tie[name] + f'{100 * v:.0f}':>4}%" for name, v in run["vs_dense"].items()
+                        if name != "dense"))
+if any_tie:
+    print("~ its spread over the repeats overlaps the dense GEMM's: a tie here")
 saved = bench.save_json({"threads": THREADS, "rows": ROWS, "k": D_MODEL, "n": D_FF, "runs": runs}, "runs/03_grouped_gemm_moe.json")
 print("JSON:", saved)
 
@@ -186,8 +191,10 @@ asked = next(r for r in runs if r["experts"] == E_ASK and r["skew"] == SKEW_ASK)
 reveal(pad_guess, asked["padded_rows"] / asked["rows"],
        why=f"the busiest expert got {max(asked['counts'])} of {asked['rows']} rows, so padding to it makes "
            f"{E_ASK} x {max(asked['counts'])} = {asked['padded_rows']} rows; padded bmm ran at "
-           f"{100 * asked['vs_dense']['padded_bmm']:.0f}% of dense, the loop at {100 * asked['vs_dense']['loop']:.0f}%. "
-           "Skew is what padding pays for, not the number of experts alone.");
+           f"{100 * asked['vs_dense']['padded_bmm']:.0f}% of dense, the loop at {100 * asked['vs_dense']['loop']:.0f}%"
+           + ("" if bench.separated(asked["result"], "padded_bmm", "loop") else
+              f" (their spreads overlap: which is faster is {bench.NOISY})")
+           + ". Skew is what padding pays for, not the number of experts alone.");
 
 # %% tags=["reveal"]
 dt = getattr(torch, BENCH_DTYPE)
@@ -219,8 +226,8 @@ reveal(path_guess, path["path"],
 #   dense layer with the same parameters. The grouped GEMM's job is to lose as little as possible to
 #   the raggedness, and the roofline says how little that can be.
 #
-# The sweep prints medians of its repeats; on a shared machine timings vary from run to run, the ratios
-# less: if a ratio looks odd, run the sweep again.
+# The sweep prints medians of its repeats, and marks ~ a share whose spread overlaps the dense GEMM's; on
+# a shared machine timings vary from run to run, the ratios less: if a ratio looks odd, run the sweep again.
 
 # %% [markdown]
 # ## A roofline: when is an expert GEMM memory-bound?
@@ -250,9 +257,16 @@ limits = (bench.measure_limits(THREADS, quick=True, device="cpu") if QUICK
 peak = max(limits["fp32_gemm_gflops"], asked["gflops"]["dense"]) * 1e9
 bandwidth = limits["read_bandwidth_gbs"] * 1e9
 ridge = peak / bandwidth
+# the ridge point's range over the repeats: the slowest and the fastest peak, over the fastest and the slowest read
+dense_timing = asked["result"]["results"]["dense"]
+peak_range = [max(gflops, asked["gflop"] / t) * 1e9
+              for gflops, t in zip(limits["fp32_gemm_gflops_range"], (dense_timing["max_s"], dense_timing["min_s"]))]
+ridge_range = (peak_range[0] / (limits["read_bandwidth_gbs_range"][1] * 1e9),
+               peak_range[1] / (limits["read_bandwidth_gbs_range"][0] * 1e9))
 traffic = moe.grouped_gemm_traffic(asked["counts"], D_MODEL, D_FF, getattr(torch, BENCH_DTYPE).itemsize)
 print(f"this CPU, {THREADS} thread(s): peak {peak / 1e9:.1f} GFLOP/s, read {bandwidth / 1e9:.1f} GB/s, "
-      f"ridge point {ridge:.1f} FLOP/byte ({BENCH_DTYPE} bytes)")
+      f"ridge point {ridge:.1f} FLOP/byte ({ridge_range[0]:.1f} to {ridge_range[1]:.1f} over the repeats; "
+      f"{BENCH_DTYPE} bytes)")
 for e, (rows, intensity) in enumerate(zip(traffic["counts"], traffic["intensity"])):
     print(f"  expert {e:>2}: {rows:>5} rows, {intensity:6.1f} FLOP/byte, {'memory' if intensity < ridge else 'compute'}-bound")
 grouped_ai = traffic["total_flops"] / traffic["total_bytes"]
@@ -261,8 +275,10 @@ print(f"bytes moved: grouped {traffic['total_bytes'] / 1e6:.2f} MB vs dense {tra
 bounds = {"grouped_mm": moe.roofline_seconds(traffic["flops"], traffic["bytes"], peak, bandwidth),
           "dense": moe.roofline_seconds([traffic["total_flops"]], [traffic["dense_bytes"]], peak, bandwidth)}
 for name, bound in bounds.items():
-    print(f"{name:<10}: roofline bound {bound * 1e6:9.1f} us, measured {asked['median_s'][name] * 1e6:9.1f} us "
-          f"({100 * bound / asked['median_s'][name]:.0f}% of the bound reached)")
+    measured = asked["result"]["results"][name]
+    print(f"{name:<10}: roofline bound {bound * 1e6:9.1f} us, measured {measured['median_s'] * 1e6:9.1f} us "
+          f"({measured['min_s'] * 1e6:.1f} to {measured['max_s'] * 1e6:.1f} us over the repeats; "
+          f"{100 * bound / measured['median_s']:.0f}% of the bound reached)")
 print("(above 100%: the data came from the caches, faster than the read bandwidth measured from memory; "
       "the bound assumes every byte comes from memory)" if any(b > asked["median_s"][n] for n, b in bounds.items()) else "")
 
@@ -290,7 +306,10 @@ reveal(bound_guess, "memory-bound" if small_ai < ridge else "compute-bound",
            f"the expert reads its whole {D_MODEL}x{D_FF} weight once for its {n_small} rows, and the intensity grows "
            f"with the rows. Here {sum(i < ridge for i, c in zip(traffic['intensity'], traffic['counts']) if c)} of the "
            f"{sum(c > 0 for c in traffic['counts'])} non-empty experts are memory-bound. A CPU's ridge point is low; "
-           "a GPU's is far higher, as the next cell computes.");
+           "a GPU's is far higher, as the next cell computes."
+           + (f" But {small_ai:.1f} lies inside the ridge point's range over the repeats ({ridge_range[0]:.1f} to "
+              f"{ridge_range[1]:.1f}): which side it falls on is {bench.NOISY}."
+              if ridge_range[0] <= small_ai <= ridge_range[1] else ""));
 
 # %% [markdown]
 # On a GPU the ridge point is much higher. The same arithmetic with the spec-sheet figures of an H200

@@ -62,6 +62,20 @@ def test_compare_rejects_bad_arguments(kwargs, text):
 def test_measured_limits_are_plausible():
     limits = bench.measure_limits(quick=True, device="cpu")
     assert 0.5 < limits["read_bandwidth_gbs"] < 5000 and 1 < limits["fp32_gemm_gflops"] < 1e6
+    for name in ("read_bandwidth_gbs", "fp32_gemm_gflops"):
+        slowest, fastest = limits[f"{name}_range"]
+        assert slowest <= limits[name] <= fastest
+
+
+def test_cached_limits_without_their_range_are_measured_again(tmp_path, monkeypatch):
+    fresh = {"fp32_gemm_gflops": 2.0, "fp32_gemm_gflops_range": [1.0, 3.0]}
+    monkeypatch.setattr(bench, "measure_limits", lambda **kwargs: fresh)
+    monkeypatch.setattr(bench, "LIMITS_CACHE", tmp_path / "limits.json")
+    caps = bench.capabilities()
+    key = f"{caps.cpu_name}|cpu|1|{torch.__version__}"
+    bench.save_json({key: {"fp32_gemm_gflops": 9.0}}, bench.LIMITS_CACHE)     # cached before ranges were kept
+    assert bench.machine_limits.__wrapped__(1, device="cpu") == fresh
+    assert json.loads(bench.LIMITS_CACHE.read_text())[key] == fresh
 
 
 def test_check_close_passes_and_prints(capsys):

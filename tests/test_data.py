@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from helpers import data
+from helpers import bench, data
 from helpers.data import TransformError, live_workers, serial_map, thread_map
 
 
@@ -262,6 +262,23 @@ def test_measure_reports_items_per_second():
     assert "processes, batched" in table and "(serial items/s)" in table
 
 
+def timing(median_s, min_s, max_s):
+    return {"median_s": median_s, "min_s": min_s, "max_s": max_s}
+
+
+def test_speedup_table_marks_a_tie_and_the_plot_range_brackets_the_median():
+    def run(threads):
+        return {"results": {"serial": {**timing(1.0, 0.9, 1.1), "ratio_to_baseline": 1.0, "items_per_s": 4.0},
+                            "threads": {**threads, "ratio_to_baseline": 1.0 / threads["median_s"],
+                                        "items_per_s": 4 / threads["median_s"]}}}
+    result = {"worker_counts": [1, 2], "items": 4,
+              "by_workers": {1: run(timing(1.05, 1.0, 1.2)), 2: run(timing(0.5, 0.45, 0.55))}}
+    table = data.speedup_table(result)
+    assert "~0.95x" in table and " 2.00x" in table and "a tie here" in table
+    slowest, fastest = data.items_per_s_range(result, "threads")
+    assert slowest == pytest.approx([4 / 1.2, 4 / 0.55]) and fastest == pytest.approx([4 / 1.0, 4 / 0.45])
+
+
 def test_measure_without_torchdata_leaves_only_its_loader_out():
     result = data.measure(data.tokenize, data.make_texts(2, words=10), [1], repeats=1, min_run_time=0.001,
                           torchdata=False)
@@ -317,6 +334,9 @@ def test_interpreter_benchmark_describes_and_times_this_interpreter():
     assert r["python"] == sys.version.split()[0] and r["free_threaded"] == bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
     assert r["torch"] == torch.__version__
     assert r["serial_s"] > 0 and r["threads_s"] > 0 and r["speedup"] == pytest.approx(r["serial_s"] / r["threads_s"])
+    for name in ("serial", "threads"):
+        spread = r["results"][name]
+        assert spread["min_s"] <= spread["median_s"] == r[f"{name}_s"] <= spread["max_s"]
 
 
 def test_interpreter_benchmark_in_another_python_and_its_failure():
@@ -365,9 +385,22 @@ def test_side_by_side_record_is_written_read_back_and_described(tmp_path, monkey
     assert "2026-12-02 10:00 UTC on Some CPU (2 usable CPUs" in line and "CPython 3.14.0, torch 2.10.0" in line
     lines = data.side_by_side_lines(record)
     assert "1.50x the time" in lines[-2] and "1.20x the speed" in lines[-1]
+    assert all("no spread was recorded" in line for line in lines[-2:])
     (tmp_path / "old.json").write_text('{"schema": "other"}')
     with pytest.raises(ValueError, match="schema"):
         data.recorded_side_by_side(tmp_path / "old.json")
+
+
+def test_side_by_side_lines_give_each_ratio_its_range_and_say_when_it_is_noisy():
+    record = fake_record()
+    spreads = {data.GIL_BUILD: (timing(0.030, 0.029, 0.031), timing(0.032, 0.031, 0.033)),
+               data.FT_BUILD: (timing(0.045, 0.040, 0.050), timing(0.025, 0.020, 0.035)),
+               data.FT_GIL_FORCED: (timing(0.045, 0.044, 0.046), timing(0.080, 0.079, 0.081))}
+    for name, (serial, threads) in spreads.items():
+        record["runs"][name]["results"] = {"serial": serial, "threads": threads}
+    lines = data.side_by_side_lines(record)
+    assert "1.50x the time (1.29x to 1.72x over the repeats)" in lines[-2]     # apart: no verdict withheld
+    assert "1.20x the speed (0.83x to 1.55x over the repeats; " + bench.NOISY in lines[-1]
 
 
 def test_a_shipped_recorded_run_is_readable():

@@ -397,3 +397,4 @@ def test_measure_split_times_grouped_mm_itself(monkeypatch):
     monkeypatch.setattr(moe, "grouped_gemm", lambda *a: called.append("wrapper"))
     run = moe.measure_split(moe.skewed_counts(32, 4, 1.0), 16, 16, repeats=1, min_run_time=0.001)
     assert not called and set(run["vs_dense"]) == {"dense", "loop", "padded_bmm", "grouped_mm"}
+    assert all(r["min_s"] <= run["median_s"][name] <= r["max_s"] for name, r in run["result"]["results"].items())

@@ -172,7 +172,8 @@ r = bench.compare({"padded bmm": lambda: expert_ffn_padded(xs_s, params, offs_s)
                   threads=1, device=DEVICE)
 print(bench.table(r))
 print(f"your expert_ffn runs at {r['results']['your expert_ffn']['ratio_to_baseline']:.2f}x the speed of "
-      f"padded bmm here (measured, not checked)")
+      f"padded bmm here (measured, not checked)"
+      + ("" if bench.separated(r, "padded bmm", "your expert_ffn") else f"; {bench.NOISY}"))
 
 
 # %% [markdown]
