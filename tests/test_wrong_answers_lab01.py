@@ -201,6 +201,20 @@ def ordered_map_keeps_futures(fn, items, workers, prefetch=None, seed=0):
             yield handed_out[-1].result()
 
 
+def ordered_map_whole_batches(fn, items, workers, prefetch=None, seed=0):
+    # bounded and ordered, but waits for a whole batch of `prefetch` items before it yields the first
+    import itertools
+    prefetch = workers + 1 if prefetch is None else prefetch
+    stream, start = iter(items), 0
+    with ThreadPoolExecutor(workers) as pool:
+        while batch := list(itertools.islice(stream, prefetch)):
+            results = [f.result() for f in [pool.submit(fn, item, item_generator(seed, start + k))
+                                            for k, item in enumerate(batch)]]
+            start += len(batch)
+            while results:
+                yield results.pop(0)
+
+
 def ordered_map_seed_zero(fn, items, workers, prefetch=None, seed=0):
     # seeds every item from 0, whatever `seed` says
     yield from spec01._ordered_map(fn, items, workers, prefetch, 0)
@@ -369,6 +383,8 @@ WRONG = [
           "waited idle through the step"),
     Wrong(L01, "ordered_map", "keeps-every-future", ordered_map_keeps_futures,
           "prefetch=None: the read-ahead you derived", "still held by the loader"),
+    Wrong(L01, "ordered_map", "whole-batches", ordered_map_whole_batches,
+          "items stream: work left for the workers while a result is held", "no item was left to run"),
     Wrong(L01, "ordered_map", "seed-ignored", ordered_map_seed_zero,
           "item i is seeded with data.item_generator(seed, i)", "a new generator per item"),
     Wrong(L01, "ordered_map", "one-shared-rng", ordered_map_one_rng,

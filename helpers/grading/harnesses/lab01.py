@@ -199,31 +199,59 @@ def read_ahead(fn, n, workers, prefetch, seed) -> str:
 
 
 DEFAULT_READ_AHEAD_OK = "every worker had an item while a result was held, at most 2 x workers held"
+STREAMS_OK = "the workers had items to run while each result was held, and no result was kept once yielded"
 
 
-def default_read_ahead(fn, n, workers, seed) -> str:
-    """ordered_map without a prefetch, consumed as a training loop would: while the loop holds result j, the
-    items taken and not yet yielded are all the workers can run (the generator is suspended), so each must
-    be at least `workers` while the stream has more; at most 2 x workers items may be held at once; and the
-    results the loop already took and dropped are not kept alive by the loader, beyond what a local variable
-    holds until it is reassigned (the generator's last one, one per worker thread)."""
+def _as_a_training_loop(fn, n, workers, seed, **prefetch) -> tuple[list[int], int, int]:
+    """fn over a stream of n items, consumed as a training loop would: it holds each result for a step,
+    then drops it. Returns, for each result held while the stream had more, the items taken and not yet
+    yielded (all the workers can run: the generator is suspended); the most items held at once; and the
+    most results the loop had already taken and dropped that the loader still kept alive, beyond what a
+    local variable holds until it is reassigned (the generator's last one, one per worker thread)."""
     pulled, left, most, kept, taken = [0], [], 0, 0, []
-    for j, result in enumerate(fn(_lab01_transform, _lab01_items(n, pulled), workers, seed=seed)):
+    for j, result in enumerate(fn(_lab01_transform, _lab01_items(n, pulled), workers, seed=seed, **prefetch)):
         kept = max(kept, sum(ref() is not None for ref in taken[:-1]))
         most = max(most, pulled[0] - j)
         if pulled[0] < n:                    # the stream has more: a worker without an item waits idle
             left.append(pulled[0] - (j + 1))
         taken.append(weakref.ref(result))
         del result                           # the loop is done with it
+    return left, most, kept
+
+
+def _kept_text(kept: int) -> str:
+    return (f"{kept} results the training loop had already taken were still held by the loader: memory grows "
+            f"with every item unless the loader lets go of a result once it is yielded")
+
+
+def default_read_ahead(fn, n, workers, seed) -> str:
+    """ordered_map without a prefetch, as a training loop consumes it (_as_a_training_loop): while the loop
+    holds a result and the stream has more, at least `workers` items are left to run; at most 2 x workers
+    items are held at once; no result is kept once yielded."""
+    left, most, kept = _as_a_training_loop(fn, n, workers, seed)
     if kept > workers:
-        return (f"{kept} results the training loop had already taken were still held by the loader: memory grows "
-                f"with every item unless the loader lets go of a result once it is yielded")
+        return _kept_text(kept)
     if left and min(left) < workers:
         return (f"while the training loop held a result, {min(left)} item(s) were left to run for {workers} "
                 f"workers: {workers - min(left)} worker(s) waited idle through the step")
     if most > 2 * workers:
         return f"{most} items held at once for {workers} workers: more than 2 x workers in memory"
     return DEFAULT_READ_AHEAD_OK
+
+
+def streams(fn, n, workers, prefetch, seed) -> str:
+    """ordered_map with a prefetch, as a training loop consumes it (_as_a_training_loop): items stream. While
+    the loop holds a result and the stream has more, the workers have an item left to run (a loader that
+    waits for a whole batch before it yields leaves none at each batch's end: every worker idles through
+    that step), and no result is kept once yielded (a list of every future holds every item)."""
+    left, _, kept = _as_a_training_loop(fn, n, workers, seed, prefetch=prefetch)
+    if kept > workers:
+        return _kept_text(kept)
+    if left and min(left) == 0:
+        idle = sum(1 for count in left if count == 0)
+        return (f"while the training loop held a result, no item was left to run {idle} time(s) of {len(left)}: "
+                f"every worker waited idle through those steps")
+    return STREAMS_OK
 
 
 # --- Exercise 3: threads or processes, and how many, under the lab's cost model -------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.grading.harnesses.lab01 import DEFAULT_READ_AHEAD_OK, LOADER_OK
+from helpers.grading.harnesses.lab01 import DEFAULT_READ_AHEAD_OK, LOADER_OK, STREAMS_OK
 from helpers.grading.specs.core import Case, Exercise, LabSpec
 
 
@@ -91,6 +91,9 @@ def _ordered_map_cases(gen):
              "submitting everything first reads the whole input before the first result")
     default = ("a worker can only run an item that was read, and every item read ahead is held in memory: "
                "count what the workers have left to run while the training loop holds the result you yielded")
+    streaming = ("items stream: yield each result as soon as it is the oldest one done, and take a new item for "
+                 "each one yielded, rather than waiting for a whole batch (the workers idle while the loop holds "
+                 "its last result); let go of each result once it is yielded")
     return [
         Case("`workers` calls run at once", (12, 3, 3, seed), call="calls_at_once", expected="3 calls at once",
              expect_value=True, hint=busy),
@@ -106,6 +109,8 @@ def _ordered_map_cases(gen):
              expected="at most 4 items read ahead", expect_value=True, hint=bound, central=True),
         Case("prefetch=None: the read-ahead you derived", (40, 3, seed), call="default_read_ahead",
              expected=DEFAULT_READ_AHEAD_OK, expect_value=True, hint=default),
+        Case("items stream: work left for the workers while a result is held", (60, 2, 4, seed), call="streams",
+             expected=STREAMS_OK, expect_value=True, hint=streaming),
         Case("an empty input yields nothing", ([], 2, 2, seed), call="loader_results",
              hint="with no items there is nothing to wait for: finish without a result"),
         Case("more workers than items", (items[:2], 6, 6, seed), call="loader_results",
@@ -120,6 +125,8 @@ def _ordered_map_cases(gen):
              expected="at most 7 items read ahead", expect_value=True, hidden=True, hint=bound, central=True),
         Case("prefetch=None with 5 workers", (50, 5, seed + 3), call="default_read_ahead",
              expected=DEFAULT_READ_AHEAD_OK, expect_value=True, hidden=True, hint=default),
+        Case("items stream with 3 workers, prefetch 7", (90, 3, 7, seed + 2), call="streams",
+             expected=STREAMS_OK, expect_value=True, hidden=True, hint=streaming),
         Case("one worker, prefetch 1", (items[:5], 1, 1, seed + 4), call="loader_results", hidden=True, hint=order),
     ]
 
