@@ -254,7 +254,10 @@ if requires("free_threaded", "gil_disabled", section="Pure-Python scaling with t
                         f"threads x{cores}": lambda: data.count(data.thread_map(data.tokenize, texts, workers=cores))},
                        baseline="serial", repeats=3, threads=1, device="cpu")
     print(bench.table(ft))
-    print(f"pure Python on {cores} threads: {ft['results'][f'threads x{cores}']['ratio_to_baseline']:.2f}x serial")
+    lo, hi = bench.speedup_range(ft["results"], "serial", f"threads x{cores}")
+    print(f"pure Python on {cores} threads: {ft['results'][f'threads x{cores}']['ratio_to_baseline']:.2f}x serial "
+          f"({lo:.2f}x to {hi:.2f}x over the repeats)"
+          + ("" if bench.separated(ft, "serial", f"threads x{cores}") else f"; {bench.NOISY}"))
 
 # %% [markdown]
 # ## The GIL build and the free-threaded build, side by side
