@@ -6,7 +6,7 @@
 # | **What you will learn** | flash vs MATH as the sequence grows, in time and against the CPU's fp32 GEMM peak; forcing a backend with `sdpa_kernel`, the error when none fits and its reasons, and making flash eligible; the corners of backend choice (3-D inputs, `OVERRIDEABLE`, `set_priority`), in a widget too; the training step: each backend's backward checked against float64 and timed; grouped-query attention (`enable_gqa`) and `causal_lower_right` for decoding, and which GPU backend takes them; SDPA backends on an NVIDIA or AMD GPU: your wheel's priority order and why, accuracy, memory (MATH's fp32 scores), time, kernel names; the opt-in FA4 implementation; AOTriton vs Composable Kernel on ROCm, told apart by kernel names; what `torch.compile(create_block_mask)` saves; compiled FlexAttention timed against padding; FlexAttention's backward on a CPU; `varlen_attn` checked and timed against padding and nested tensors on a GPU, then in a training step with compiled FlexAttention; what `torch.compile` gives a transformer block; pitfalls |
 # | **Prerequisites** | [lesson 06](06_attention_kernels.ipynb) |
 # | **Hardware** | any CPU. On an NVIDIA or AMD GPU with a flash kernel the forcing section runs there, as in the lesson; an NVIDIA GPU runs the GPU backend, GQA and ragged-batch sections (A100 or newer for `varlen_attn`); an AMD GPU the backend and ROCm sections |
-# | **Time** | 86 minutes |
+# | **Time** | 88 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02); 2.10 facts from its release notes and sources (`torch/nn/attention/`) |
 
 # %% tags=["colab-setup"]
