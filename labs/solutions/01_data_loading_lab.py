@@ -7,7 +7,7 @@
 # | **Prerequisites** | lesson 01 (free-threaded data loading) |
 # | **Hardware** | any CPU; the speed-up is measured, not checked, and shows only with 2 or more cores |
 # | **Time** | 60 minutes |
-# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02), and as a script on 2.11.0+cu130 on an NVIDIA H200 (gpu-check, 2026-12-04) |
+# | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. A check prints `✅ ... passed`, or stops with `❌` and a
 # hint saying what was wrong. `check(LAB, function)` runs the visible cases of the lab's grading spec
