@@ -2,6 +2,7 @@
 tensors and measure what a value cannot show, and what its notebook imports beside `check`."""
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import weakref
@@ -209,8 +210,13 @@ def _as_a_training_loop(fn, n, workers, seed, **prefetch) -> tuple[list[int], in
     most results the loop had already taken and dropped that the loader still kept alive, beyond what a
     local variable holds until it is reassigned (the generator's last one, one per worker thread)."""
     pulled, left, most, kept, taken = [0], [], 0, 0, []
+
+    def alive() -> int:
+        return sum(ref() is not None for ref in taken[:-1])
     for j, result in enumerate(fn(_lab01_transform, _lab01_items(n, pulled), workers, seed=seed, **prefetch)):
-        kept = max(kept, sum(ref() is not None for ref in taken[:-1]))
+        # A free-threaded build frees an object a worker thread made only once that thread merges the other
+        # threads' releases (biased reference counting): a collection does that for every thread
+        kept = max(kept, alive() if alive() <= workers else (gc.collect(), alive())[1])
         most = max(most, pulled[0] - j)
         if pulled[0] < n:                    # the stream has more: a worker without an item waits idle
             left.append(pulled[0] - (j + 1))
