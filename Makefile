@@ -12,7 +12,7 @@ WORKERS ?= 2
 
 MATRIX_ENVS ?= cpu cuda latest minimal
 
-.PHONY: setup browser bubblewrap axe site site-check run test matrix matrix-env free-threaded free-threaded-setup gpu-check gpu-check-env colab-venv colab-check lab doctor labs nbgrader nbgrader-setup clean
+.PHONY: setup browser bubblewrap axe site site-check run test matrix matrix-env gpu-sections free-threaded free-threaded-setup gpu-check gpu-check-env colab-venv colab-check lab doctor labs nbgrader nbgrader-setup clean
 
 setup: $(VENV)/.installed-$(ENV)
 
@@ -23,7 +23,7 @@ $(VENV)/.installed-$(ENV): pyproject.toml $(REQS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --retries 10 --upgrade pip
 	$(BIN)/python -m pip install -q $(PIP_RESUME) $$(grep -E '^(--(extra-)?index-url|torch==)' $(REQS))
-	$(BIN)/python -m pip install -q $(PIP_RESUME) $(if $(filter free-threaded,$(ENV)),--prefer-binary -r $(REQS) -e .,-r $(REQS) -e ".[lab,test]")
+	$(BIN)/python -m pip install -q $(PIP_RESUME) $(if $(filter free-threaded,$(ENV)),--prefer-binary -r $(REQS) -e .,$(if $(filter torch-%,$(ENV)),-r $(REQS) -e .,-r $(REQS) -e ".[lab,test]"))
 	touch $@
 
 run: setup
@@ -83,6 +83,11 @@ matrix:
 	$(call venv_of,$(lastword $(MATRIX_ENVS)))/bin/python -m helpers report $(addprefix runs/matrix/,$(MATRIX_ENVS)) --out runs/matrix
 	@! grep -l '<failure\|<error' $(addsuffix /gpu_sections.xml,$(addprefix runs/matrix/,$(MATRIX_ENVS))) 2>/dev/null \
 	  || { echo "the static check of the GPU sections failed in the environments above"; exit 1; }
+
+# The static check of the GPU sections alone, in an environment that holds only a torch no other environment
+# has, the package and pytest (environments/torch-2.11.txt): make gpu-sections ENV=torch-2.11
+gpu-sections: setup
+	$(BIN)/python -m pytest -q -p no:xdist -o addopts="" tests/test_gpu_sections.py
 
 # Free-threaded leg: a free-threaded CPython (found, or built once into the user's cache by
 # .ci/free-threaded-python), its own venv, then lesson 01, lab 01 and helpers.data's tests with the GIL

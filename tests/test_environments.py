@@ -24,7 +24,8 @@ def parse(path: Path) -> dict[str, str]:
 
 
 def test_the_targets_exist():
-    assert {p.stem for p in ENVS} == {"cpu", "cuda", "rocm", "xpu", "free-threaded", "latest", "minimal", "validate"}
+    assert {p.stem for p in ENVS} == {"cpu", "cuda", "rocm", "xpu", "free-threaded", "latest", "minimal", "validate",
+                                      "torch-2.11"}
 
 
 def test_the_validation_file_leaves_torch_to_the_driver_and_says_how():
@@ -43,10 +44,19 @@ def test_each_file_says_who_it_is_for_and_installs_torch_first(path):
     assert "torch" in pins
     if path.stem == "minimal":     # torch alone: the package's own ranges bring the rest, no optional extra
         assert set(pins) == {"torch"}
+    elif path.stem.startswith("torch-"):     # a torch for the static check of the GPU sections alone
+        assert set(pins) == {"torch", "pytest"} and f"make gpu-sections ENV={path.stem}" in text
     else:
         assert "ipywidgets" in pins and "plotly" in pins
     install_line = next(l for l in text.splitlines() if re.match(r"#\s+pip install torch==", l))
     assert f"torch=={pins['torch']}" in install_line, "the header's first install pins the same torch"
+
+
+def test_ci_runs_the_static_check_under_torch_2_11():
+    root = Path(__file__).parent.parent
+    assert "make setup ENV=torch-2.11" in (root / ".ci" / "run").read_text()
+    assert "make gpu-sections ENV=torch-2.11" in (root / ".ci" / "run").read_text()
+    assert "gpu-sections: setup" in (root / "Makefile").read_text()
 
 
 def test_cpu_environment_is_the_one_verified_here():
