@@ -82,6 +82,19 @@ def test_nvidia_ampere_has_bf16_but_no_fp8():
     assert missing("grouped_mm_cutlass", "fp8", caps=caps) == ["grouped_mm_cutlass", "fp8"]
 
 
+def test_colab_free_t4_has_neither_bf16_nor_fp8_and_skips_what_needs_them():
+    """Colab's free GPU is a T4 (sm_75): no native bf16, no FP8, no CUTLASS grouped GEMM. The sections that
+    need those say so on it; the plain CUDA ones run."""
+    from helpers.manifest import entries
+    caps = probe_fake(fake_torch("cuda", props=SimpleNamespace(name="Tesla T4", total_memory=15 * 2**30,
+                                                               major=7, minor=5)))
+    assert (caps.arch, caps.bf16, caps.fp8) == ("sm_75", False, False)
+    assert missing("bf16", "fp8", "grouped_mm_cutlass", "cuda", "torch_cuda", caps=caps) == [
+        "bf16", "fp8", "grouped_mm_cutlass"]
+    sections = {s["name"]: missing(*s["needs"], caps=caps) for i in entries() for s in i["sections"]}
+    assert sections["varlen_attn on the GPU"] == ["bf16"] and sections["CUDA graphs on the optimizer step"] == []
+
+
 @pytest.mark.parametrize("major, minor, cutlass", [(9, 0, True), (10, 0, True), (12, 0, False), (8, 9, False)])
 def test_grouped_mm_cutlass_only_where_torch_takes_it(major, minor, cutlass):
     """torch 2.10's _grouped_mm_cuda takes CUTLASS where _scaled_mm_allowed_device(sm90_only, sm100_only)
