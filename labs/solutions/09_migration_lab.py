@@ -410,8 +410,10 @@ check(LAB, checkpoint_workload)
 n = 5 if QUICK else 30
 rounds = {"A": [], "B": []}
 for side in ("A", "B", "B", "A") * 2:                # interleaved, as the driver runs them
-    rounds[side].append(run_pipeline(quick=True, device="cpu", workloads=[], checks=[], samples=n, progress=False,
-                                     extra_workloads={"checkpoint": checkpoint_workload}))
+    # one thread, as the driver's quick rounds: each call is timed by its CPU time, which other work on the
+    # machine does not stretch
+    rounds[side].append(run_pipeline(quick=True, device="cpu", threads=1, workloads=[], checks=[], samples=n,
+                                     progress=False, extra_workloads={"checkpoint": checkpoint_workload}))
 aa = compare_runs(merge_runs(rounds["A"]), merge_runs(rounds["B"]))
 for row in aa["rows"]:
     print(f"{row['figure']}: gain {row['gain']:.3f} [{row['low']:.3f}, {row['high']:.3f}], "
@@ -488,8 +490,8 @@ rounds = {"A": [], "B": []}
 for i in range(pairs):
     for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
         workload = slower if side == "B" else checkpoint_workload
-        rounds[side].append(run_pipeline(quick=True, device="cpu", workloads=[], checks=[], samples=n, progress=False,
-                                         extra_workloads={"checkpoint": workload}))
+        rounds[side].append(run_pipeline(quick=True, device="cpu", threads=1, workloads=[], checks=[], samples=n,
+                                         progress=False, extra_workloads={"checkpoint": workload}))
 injected = next(r for r in compare_runs(merge_runs(rounds["A"]), merge_runs(rounds["B"]))["rows"]
                 if r.get("round_gains"))
 outcome = decide(injected, WANTED)
