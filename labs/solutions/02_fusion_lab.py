@@ -355,8 +355,10 @@ for label, sizes in (("30 parameters of 4M elements", [4 * M] * 30),
           f"{choose_step(H200_COSTS, {'combo_off': [[n] for n in sizes], 'combo_on': fusion.combo_groups(sizes)})}")
 
 # %% [markdown]
-# The H200 agrees with the model where it was measured, and both steps were host-bound. With 6 tiny
-# parameters combo kernels on and `_foreach_` tied (66 and 67.5 µs); with 30, combo kernels did what they
+# The H200's times are medians of one run each, recorded without their spread, so only a gap far larger than
+# a run's usual few percent is read here as a difference. The H200 agrees with the model where it was
+# measured, and both steps were host-bound. With 6 tiny parameters combo kernels on and `_foreach_` cannot be
+# told apart (66 and 67.5 µs); with 30, combo kernels did what they
 # promise against the compiled step without them, 30 launches down to 4 (316 to 162 µs), and still took
 # nearly twice `_foreach_`'s 88 µs: a compiled call's host work grows with every tensor it takes (90 here),
 # `_foreach_`'s 4 calls much less. Combo kernels pay against `_foreach_` where the GPU's work sets the time
