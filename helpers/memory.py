@@ -3,6 +3,7 @@
     prof = memory.profile_steps(step, steps=2)          # torch.profiler with what the timeline needs
     tl = memory.timeline(prof)                           # {"times_us": [...], "bytes": {category: [...]}}
     memory.timeline_figure(tl).show(); memory.top_allocations(prof)
+    out, made = memory.tensors_made(fn, x)              # every floating tensor fn's ops made: (op, dtype, shape)
 
 The timeline comes from `profile.export_memory_timeline(path.json)`, which torch 2.13 marks deprecated
 (FutureWarning) in favour of the CUDA allocator's history; on CPU it is still the tool that categorises
@@ -20,6 +21,8 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from helpers import bench
 
@@ -159,6 +162,36 @@ def uncategorized(prof: profile, n: int = 5) -> list[dict]:
 
 def mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
+
+
+class _TensorsMade(TorchDispatchMode):
+    """Every floating tensor an op returns, as (op, dtype, shape): what a function makes, op by op, as ATen
+    runs it. What happens inside one op's kernel is not seen, and should not be: a reduction told
+    dtype=torch.float32 reads float16 and accumulates in float32 on a GPU, while on a CPU it converts its
+    input first, as a plain float16 .mean() there does too."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:   # as helpers.grading.recorder._AtenNames: no torch._dynamo import
+        return False
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                self.made.append((f"aten.{func.overloadpacket.__name__}", t.dtype, tuple(t.shape)))
+        return out
+
+
+def tensors_made(fn: Callable, *args, **kwargs) -> tuple[object, list[tuple[str, torch.dtype, tuple]]]:
+    """fn(*args, **kwargs) and every floating tensor its ops made: (op, dtype, shape). Lab 00 counts with it
+    the copies of x a function makes in a wider dtype."""
+    with _TensorsMade() as mode:
+        out = fn(*args, **kwargs)
+    return out, mode.made
 
 
 # --- A training step to look at ----------------------------------------------------------------

@@ -7,7 +7,7 @@ import torch
 
 from helpers.checks import CheckFailed
 from helpers.grading.checks import check
-from wrong_answers import FORBIDDEN_HINT, MATCH_HINT, L00, Wrong, lab_tests, prepared
+from wrong_answers import FORBIDDEN_HINT, MATCH_HINT, L00, REPO, Wrong, lab_tests, prepared
 
 
 def softmax_no_max(x, dim=-1):
@@ -245,6 +245,17 @@ def test_check_raises_the_hint():
     with pytest.raises(CheckFailed) as failed:
         check(L00, softmax_last_dim_only, function="softmax")
     assert "use the dim argument" in str(failed.value)
+
+
+def test_the_notebook_measures_with_the_graders_function_from_a_learners_module():
+    """The notebook's tensors_made is helpers.memory's, the one the grader's harness counts wider copies with; the
+    notebook imports nothing from the grader's harnesses."""
+    from helpers import memory
+    from helpers.grading.harnesses import lab00
+    assert lab00.tensors_made is memory.tensors_made
+    for notebook in ("labs/solutions/00_warmup_lab.ipynb", "labs/00_warmup_lab.ipynb"):
+        text = (REPO / notebook).read_text()
+        assert "from helpers.memory import tensors_made" in text and "helpers.grading.harnesses" not in text
 
 
 BIG16, SMALL16 = "float16, entries up to 6e4", "float16, entries near 3e-4"

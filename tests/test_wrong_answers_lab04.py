@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.grading.specs import lab04 as spec04
-from wrong_answers import FORBIDDEN_HINT, L04, Wrong, lab_tests, run_cases, run_in_child, solution_namespace
+from wrong_answers import FORBIDDEN_HINT, L04, REPO, Wrong, lab_tests, run_cases, run_in_child, solution_namespace
 
 
 BODIES = {
@@ -108,6 +108,8 @@ SHAPE_CHECKS = """  STD_TORCH_CHECK(gate.dim() == up.dim(), "silu_mul: gate and 
     STD_TORCH_CHECK(gate.size(d) == up.size(d), "silu_mul: gate and up must have the same shape");
   }
 """
+PARALLEL_LOOP = ("torch::stable::parallel_for(0, g.numel(), 4096, [&](int64_t begin, int64_t end) {\n"
+                 "    silu_mul_chunk<scalar_t>(gp, up, op, begin, end);\n  });")
 STABLE_SOURCES = {
     # at::parallel_for kept, with its classic header
     "classic-parallel-for": port(*CLASSIC_PARALLEL),
@@ -122,12 +124,22 @@ STABLE_SOURCES = {
     "defines-the-op": port(("STABLE_TORCH_LIBRARY_IMPL(labs_ext, CPU, m) {",
                             'STABLE_TORCH_LIBRARY(labs_ext, m) {\n  m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");'
                             "\n}\n\nSTABLE_TORCH_LIBRARY_IMPL(labs_ext, CPU, m) {")),
+    # the block that defines a namespace, used to add the kernel
+    "library-for-impl": port(("STABLE_TORCH_LIBRARY_IMPL(labs_ext, CPU, m)", "STABLE_TORCH_LIBRARY(labs_ext, m)")),
+    # the kernel added to a namespace of its own
+    "other-namespace": port(("STABLE_TORCH_LIBRARY_IMPL(labs_ext, CPU, m)",
+                             "STABLE_TORCH_LIBRARY_IMPL(labs_ext_stable, CPU, m)")),
     # the #error silenced: the target undefined, the classic header and parallel_for back
     "undef-target": "#undef TORCH_TARGET_VERSION\n" + port(*CLASSIC_PARALLEL),
     # one plain loop over every element: no thread split
-    "serial": port(("torch::stable::parallel_for(0, g.numel(), 4096, [&](int64_t begin, int64_t end) {\n"
-                    "    silu_mul_chunk<scalar_t>(gp, up, op, begin, end);\n  });",
-                    "silu_mul_chunk<scalar_t>(gp, up, op, 0, g.numel());")),
+    "serial": port((PARALLEL_LOOP, "silu_mul_chunk<scalar_t>(gp, up, op, 0, g.numel());")),
+    # parallel_for kept, its callback computing the whole tensor whatever chunk it is handed: right values, each
+    # computed once per chunk
+    "ignores-chunk": port((PARALLEL_LOOP, "const int64_t n = g.numel();\n"
+                           "  torch::stable::parallel_for(0, n, 4096, [&](int64_t, int64_t) {\n"
+                           "    silu_mul_chunk<scalar_t>(gp, up, op, 0, n);\n  });")),
+    # exercise 1's classic mistake: the chunk counted from 0, so a later chunk computes the first elements again
+    "chunk-from-zero": port(("for (int64_t i = begin; i < end; ++i)", "for (int64_t i = 0; i < end - begin; ++i)")),
     # float32 only, as rms_norm_stable.cpp
     "float-only": port(*[(f"      THO_DISPATCH_CASE(ScalarType::{t}, [&] {{ run<scalar_t>(g, u, out); }})\n", "")
                          for t in ("Double", "BFloat16")],
@@ -224,10 +236,9 @@ def test_second_stable_port_gets_full_marks(stable_results):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in STABLE_SOURCES if n != "defines-the-op"])
+@pytest.mark.parametrize("name", list(STABLE_SOURCES))
 def test_stable_feedback_opens_with_the_mistake(name, stable_results):
-    """The first case a wrong port fails (the one check() stops at) is the one whose hint names its mistake; a
-    source that defines the namespace stops at the build, whose line names the refusal."""
+    """The first case a wrong port fails (the one check() stops at) is the one whose hint names its mistake."""
     row = next(w for w in WRONG if w.function == "silu_mul_stable_source" and w.name == name)
     assert stable_results[name][0][0] == row.case
 
@@ -250,6 +261,17 @@ def test_a_wrong_fake_or_backward_costs_marks_in_its_own_exercise_only():
         assert op(torch.empty(3, 4, device="meta"), torch.empty(3, 4, device="meta")).shape == ()
     finally:
         lib._destroy()
+
+
+def test_the_notebook_shows_the_graders_kernel_from_a_learners_module():
+    """Exercise 5's kernel is helpers.ext.lab's, the one the grader's harness defines the op with; the notebook
+    imports nothing from the grader's harnesses."""
+    from helpers.ext import lab
+    from helpers.grading.harnesses import lab04
+    assert lab04.silu_mul_record_kernel is lab.silu_mul_record_kernel
+    for notebook in ("labs/solutions/04_custom_op_lab.ipynb", "labs/04_custom_op_lab.ipynb"):
+        text = (REPO / notebook).read_text()
+        assert "inspect.getsource(lab.silu_mul_record_kernel)" in text and "helpers.grading.harnesses" not in text
 
 
 def record_schema_second_solution():
@@ -525,11 +547,19 @@ WRONG = [
     Wrong(L04, "silu_mul_stable_source", "torch-check", STABLE_SOURCES["torch-check"],
           "builds and loads (TORCH_TARGET_VERSION 2.10.0)", "the classic TORCH_CHECK", slow=True),
     Wrong(L04, "silu_mul_stable_source", "defines-the-op", STABLE_SOURCES["defines-the-op"],
-          "adds the CPU kernel of labs_ext::silu_mul", "Defining the namespace again", slow=True),
+          "adds a kernel to labs_ext, defines no namespace", "a second definition of labs_ext crashes", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "library-for-impl", STABLE_SOURCES["library-for-impl"],
+          "adds a kernel to labs_ext, defines no namespace", "STABLE_TORCH_LIBRARY (and _FRAGMENT) define", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "other-namespace", STABLE_SOURCES["other-namespace"],
+          "adds a kernel to labs_ext, defines no namespace", "a kernel added to another namespace", slow=True),
     Wrong(L04, "silu_mul_stable_source", "undef-target", STABLE_SOURCES["undef-target"],
           "imports no C++ symbol of libtorch", "keep TORCH_TARGET_VERSION defined", slow=True),
     Wrong(L04, "silu_mul_stable_source", "serial", STABLE_SOURCES["serial"], "splits the work over torch's threads",
           "with the stable ABI's parallel_for", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "ignores-chunk", STABLE_SOURCES["ignores-chunk"],
+          "each chunk computes only its own range [begin, end)", "a callback that ignores its arguments", slow=True),
+    Wrong(L04, "silu_mul_stable_source", "chunk-from-zero", STABLE_SOURCES["chunk-from-zero"],
+          "each chunk computes only its own range [begin, end)", "one that counts its chunk from 0", slow=True),
     Wrong(L04, "silu_mul_stable_source", "float-only", STABLE_SOURCES["float-only"], "bfloat16 (2, 5, 129)",
           "the four dtypes the classic kernel dispatched on", slow=True),
     Wrong(L04, "silu_mul_stable_source", "float-acc", STABLE_SOURCES["float-acc"], "float64 (3, 33), to 1e-10",

@@ -12,6 +12,7 @@ same signature.
 
     lab.build_stable(SOURCE)     # a whole C++ file against the stable ABI, as the CPU kernel of an op of its own
     lab.stable_op(SOURCE)        # that op: the schema of labs_ext::silu_mul, the reference fake and autograd
+    lab.silu_mul_record_kernel   # exercise 5's second op: a kernel that writes some of its arguments
 """
 from __future__ import annotations
 
@@ -97,6 +98,18 @@ def reference_backward(ctx, grad):
 
 def save_inputs(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
+
+
+# --- A second op, one that writes its arguments (exercise 5) ------------------------------------------
+
+def silu_mul_record_kernel(gate, up, out, amax):
+    """Lab 04's recording kernel: out = silu(gate) * up, and amax raised to the largest |out| seen so far
+    (a running maximum a scaling recipe can read). It computes the sigmoid in gate's storage to save a
+    temporary."""
+    out.copy_(gate)
+    gate.sigmoid_()
+    out.mul_(gate).mul_(up)
+    torch.maximum(amax, out.abs().amax().reshape(1), out=amax)
 
 
 # --- The same kernel against the LibTorch stable ABI (exercise 6) --------------------------------------

@@ -6,7 +6,7 @@
 # | **What you will learn** | write the loop body of a C++ CPU kernel (`silu_mul`, the core of a SwiGLU MLP), register a fake kernel and an autograd formula for it with `torch.library`, pass `torch.library.opcheck`, and use the op in a `torch.compile`d MLP with no graph breaks, and time your kernel against eager PyTorch and `torch.compile`; then read an op's kernel and write the schema that declares what it writes, proven by `opcheck`; and port the kernel to the LibTorch stable ABI, so that one build loads in torch 2.10 and later releases |
 # | **Prerequisites** | lesson 04 (XPU, SYCL and custom ops) and its deep dive's stable-ABI sections for exercise 6 |
 # | **Hardware** | any CPU. Exercises 1 and 6 and the timing need a C++ compiler and ninja; without them the PyTorch reference stands in for your kernel, the lab says so, and exercises 2-5 still run |
-# | **Time** | 80 minutes |
+# | **Time** | 85 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # The op is `labs_ext::silu_mul(Tensor gate, Tensor up) -> Tensor`: `out = silu(gate) * up`, with
@@ -261,9 +261,7 @@ check("04_custom_op_lab", swiglu_mlp)
 # %%
 import inspect
 
-from helpers.grading.harnesses.lab04 import silu_mul_record_kernel
-
-print(inspect.getsource(silu_mul_record_kernel))
+print(inspect.getsource(lab.silu_mul_record_kernel))
 
 
 # %%
@@ -307,13 +305,19 @@ check("04_custom_op_lab", silu_mul_record_schema)
 # formula) and none replaces exercise 1's kernel.
 #
 # What is checked: the build, and what stopped it when it failed (a classic header, a classic registration,
-# a kernel `m.impl` cannot take); that the library adds `labs_ext::silu_mul`'s CPU kernel; its imports (the
-# symbols `nm -D --undefined-only` lists): no C++ symbol of libtorch (the central point: missing it caps the
-# exercise at a quarter of its points), and torch's `parallel_for` among them; the values against the
-# reference for float32, bfloat16, float16 and float64 (to 1e-10) and for a transposed gate; that different
-# shapes raise a `RuntimeError`; and `torch.library.opcheck` on float32 inputs. Hidden cases add an empty
-# tensor, one float16 element, 4099 elements on two threads, a permuted 3-D gate, different dtypes and
-# `opcheck` on bfloat16.
+# a kernel `m.impl` cannot take); that your source adds a kernel to `labs_ext` and defines no namespace, and
+# that the library adds `labs_ext::silu_mul`'s CPU kernel; its imports (the symbols `nm -D --undefined-only`
+# lists): no C++ symbol of libtorch (the central point: missing it caps the exercise at a quarter of its
+# points), and torch's `parallel_for` among them; the values against the reference for float32, bfloat16,
+# float16 and float64 (to 1e-10) and for a transposed gate; that different shapes raise a `RuntimeError`;
+# that each call of your `parallel_for` callback computes its own chunk and only it; and
+# `torch.library.opcheck` on float32 inputs. Values cannot show the chunks (a callback that ignores its
+# `[begin, end)` computes the whole tensor in every call, as many times over as there are threads, with the
+# same values), so the check builds your source twice more, each time with a `parallel_for` that calls the
+# callback once, on the first half of each range it is handed, then on the second half, and runs both on
+# 4099 elements: the two outputs must be right on two parts of the tensor that do not overlap and together
+# cover it. Hidden cases add an empty tensor, one float16 element, 4099 elements on two threads, a permuted
+# 3-D gate, different dtypes and `opcheck` on bfloat16.
 
 # %%
 print(lab.TEMPLATE)

@@ -1,12 +1,12 @@
 """Lab 00 (warm-up): the harnesses its cases name (`Case.call`), which build what cannot travel as
-tensors and measure what a value cannot show, and what its notebook imports beside `check`."""
+tensors and measure what a value cannot show."""
 from __future__ import annotations
 
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from helpers.memory import tensors_made    # bound at import: the sandbox restores this module's names
 
 
 def softmax_on_meta(fn, x, **kwargs) -> tuple:
@@ -22,35 +22,6 @@ def softmax_on_meta(fn, x, **kwargs) -> tuple:
 # --- Exercise 2: rms_norm in float16 and bfloat16, without a wider copy of x ------------------------------
 
 NO_WIDER_COPY = "no tensor of x's size in a wider dtype"
-
-
-class _TensorsMade(TorchDispatchMode):
-    """Every floating tensor an op returns, as (op, dtype, shape): what a function makes, op by op, as ATen
-    runs it. What happens inside one op's kernel is not seen, and should not be: a reduction told
-    dtype=torch.float32 reads float16 and accumulates in float32 on a GPU, while on a CPU it converts its
-    input first, as a plain float16 .mean() there does too."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:   # as helpers.grading.recorder._AtenNames: no torch._dynamo import
-        return False
-
-    def __init__(self):
-        super().__init__()
-        self.made = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
-                self.made.append((f"aten.{func.overloadpacket.__name__}", t.dtype, tuple(t.shape)))
-        return out
-
-
-def tensors_made(fn, *args, **kwargs) -> tuple[object, list[tuple[str, torch.dtype, tuple]]]:
-    """fn(*args, **kwargs) and every floating tensor its ops made: (op, dtype, shape)."""
-    with _TensorsMade() as mode:
-        out = fn(*args, **kwargs)
-    return out, mode.made
 
 
 def wider_copies(fn, x, weight, **kwargs) -> tuple[str, object]:

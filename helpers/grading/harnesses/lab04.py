@@ -1,13 +1,16 @@
 """Lab 04 (the C++ custom op): the harnesses its cases name (`Case.call`), which build what cannot travel as
-tensors and measure what a value cannot show, and what its notebook imports beside `check`."""
+tensors and measure what a value cannot show."""
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import sys
 import warnings
 
 import torch
 
+from helpers.ext.lab import silu_mul_record_kernel   # bound at import: the sandbox restores this module's names
 from helpers.grading.recorder import _AtenNames
 
 
@@ -146,16 +149,6 @@ def uses_silu_mul(fn, x, w_gate, w_up, w_down) -> bool:
     return "silu_mul" in names
 
 
-def silu_mul_record_kernel(gate, up, out, amax):
-    """Lab 04's recording kernel: out = silu(gate) * up, and amax raised to the largest |out| seen so far
-    (a running maximum a scaling recipe can read). It computes the sigmoid in gate's storage to save a
-    temporary."""
-    out.copy_(gate)
-    gate.sigmoid_()
-    out.mul_(gate).mul_(up)
-    torch.maximum(amax, out.abs().amax().reshape(1), out=amax)
-
-
 _RECORD_OPS: dict[str, object] = {}
 
 
@@ -268,12 +261,15 @@ class NotBuilt(Exception):
 
 STABLE_HEADERS = "only torch/csrc/stable and torch/headeronly headers"
 STABLE_MACRO = "registers with the stable ABI's macro"
+STABLE_ADDS = "adds a kernel to labs_ext, defines no namespace"
 STABLE_BOXED = "hands m.impl a boxed kernel"
 STABLE_BUILDS = "builds and loads"
 STABLE_REGISTERED = "adds the CPU kernel of labs_ext::silu_mul"
 STABLE_IMPORTS = "no C++ symbol of libtorch"
 STABLE_THREADS = "splits the work with torch's parallel_for"
+STABLE_CHUNKS = "each element computed in one chunk, and every element in one"
 CLASSIC_MACRO = re.compile(r"\bTORCH_LIBRARY(?:_IMPL|_FRAGMENT)?\s*\(")    # \b: not STABLE_TORCH_LIBRARY...
+IMPL_BLOCK = re.compile(r"\bSTABLE_TORCH_LIBRARY_IMPL\s*\(\s*(\w+)")    # the namespace a kernel block adds to
 
 
 def _stable(fn):
@@ -309,6 +305,25 @@ def stable_macro(fn) -> str:
     if log and CLASSIC_MACRO.search(source):
         return "registers with the classic TORCH_LIBRARY macros of torch/library.h, which the build does not know"
     return STABLE_MACRO
+
+
+def stable_adds(fn) -> str:
+    """How the source's registration blocks treat labs_ext, read from the source (no build needed): a block that
+    defines a namespace (which build_stable refuses to load), or kernel blocks for other namespaces only."""
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return STABLE_ADDS
+    from helpers.ext import NAMESPACE, lab
+    source = fn()
+    if not isinstance(source, str):
+        return STABLE_ADDS        # the case 'builds and loads' says what fn() returned
+    defines = lab.DEFINES.search(source)
+    if defines:
+        return (f"defines a namespace with {defines.group(0).rstrip('( ')}, where {NAMESPACE} is defined already "
+                "(not loaded: a second definition crashes the process)")
+    namespaces = sorted(set(IMPL_BLOCK.findall(source)))
+    if namespaces and NAMESPACE not in namespaces:
+        return f"adds its kernel to {', '.join(namespaces)}, not to {NAMESPACE}"
+    return STABLE_ADDS
 
 
 def stable_boxed(fn) -> str:
@@ -377,6 +392,69 @@ def stable_threads(fn) -> str:
     if "torch_parallel_for" in _imports(fn):
         return STABLE_THREADS
     return "never calls torch's parallel_for (torch_parallel_for is not among its imports): one thread does it all"
+
+
+HALF_ENV = "LABS_HALF_PARALLEL_FOR"
+HALF_PARALLEL_FOR = r"""
+// Lab 04's check of the chunks: torch_parallel_for is renamed to this in the whole file. It calls the callback
+// once, on the first half of each range it is handed when LABS_HALF_PARALLEL_FOR is 0, on the second when it is 1.
+extern "C" int32_t labs_half_parallel_for(int64_t begin, int64_t end, int64_t, void (*f)(int64_t, int64_t, void*),
+                                          void* ctx) {
+  const char* half = std::getenv("LABS_HALF_PARALLEL_FOR");
+  const int64_t mid = begin + (end - begin) / 2;
+  if (half != nullptr && half[0] == '0' && begin < mid) f(begin, mid, ctx);
+  if (half != nullptr && half[0] == '1' && mid < end) f(mid, end, ctx);
+  return 0;
+}
+"""
+_CHUNK_SEEDS = itertools.count(1)   # new inputs at each call: memory a previous call freed holds its right values
+
+
+def half_parallel_for(source: str) -> str:
+    """source with torch's parallel_for replaced by one that runs one half of each range, as one chunk."""
+    return ("#include <cstdint>\n#include <cstdlib>\n#define torch_parallel_for labs_half_parallel_for\n" + source +
+            HALF_PARALLEL_FOR)
+
+
+def stable_chunks(fn, n: int) -> str:
+    """Whether each call of the source's parallel_for callback computes its own chunk, and only that. The source is
+    built once more with a parallel_for that calls the callback once, on the first half of each range it is handed,
+    or on the second half, and the op runs once with each on the same n elements (|values| in [0.5, 2], so no
+    right output is near 0): a right kernel gives right values on two disjoint parts of the output that together
+    cover it. A callback that ignores its [begin, end) computes every element in both (at full size, as many times
+    over as there are chunks, the values right); one that counts its chunk from 0 computes the first elements twice
+    and the last ones never. What a kernel does not write holds what the memory held, which can equal a right value
+    by chance: up to n / 8 such elements are let pass, far fewer than either mistake gives."""
+    if _is_silu_mul_reference(fn, "silu_mul_stable_source"):
+        return STABLE_CHUNKS
+    from helpers.ext import BuildError, lab
+    source, _ = _built(fn)
+    probe = half_parallel_for(source)
+    try:
+        lab.build_stable(probe)
+    except (BuildError, OSError, ValueError) as exc:
+        return f"not checked: the source with the check's parallel_for did not build ({str(exc)[:200]})"
+    gen = torch.Generator().manual_seed(next(_CHUNK_SEEDS))
+    gate, up = ((torch.rand(n, generator=gen) * 1.5 + 0.5) * (torch.randint(0, 2, (n,), generator=gen) * 2 - 1)
+                for _ in range(2))
+    expected = lab.silu_mul_reference(gate, up)
+    outs, right = [], []
+    previous = os.environ.get(HALF_ENV)
+    try:
+        for half in "01":
+            os.environ[HALF_ENV] = half
+            outs.append(lab.stable_op(probe)(gate.clone(), up.clone()))    # kept: the next output may not reuse it
+            right.append(torch.isclose(outs[-1], expected, rtol=1e-5, atol=0))
+    finally:
+        if previous is None:
+            os.environ.pop(HALF_ENV, None)
+        else:
+            os.environ[HALF_ENV] = previous
+    both, neither = int((right[0] & right[1]).sum()), int((~(right[0] | right[1])).sum())
+    if both <= n // 8 and neither <= n // 8:
+        return STABLE_CHUNKS
+    return (f"handed the two halves of its range as two chunks, it computed {both} of the {n} elements in both "
+            f"chunks and {neither} in neither")
 
 
 def stable_silu_mul(fn, gate, up):

@@ -224,6 +224,10 @@ def _stable_cases(gen):
                "rms_norm_stable.cpp uses several)")
     macro = ("TORCH_LIBRARY_IMPL comes from torch/library.h, outside the stable ABI: a stable library registers "
              "with STABLE_TORCH_LIBRARY_IMPL (torch/csrc/stable/library.h)")
+    adds = ("labs_ext and its op silu_mul are defined already (from Python, as for exercise 1): the library only adds "
+            "a kernel to them, in the stable ABI's block for one namespace and one dispatch key, the namespace being "
+            "labs_ext. STABLE_TORCH_LIBRARY (and _FRAGMENT) define a namespace's ops: a second definition of "
+            "labs_ext crashes the process that loads it, and a kernel added to another namespace is not silu_mul's")
     boxed = ("a stable library's m.impl takes a boxed kernel, one that reads its arguments from a stack of "
              "StableIValues: TORCH_BOX(&your_function) makes one from a plain C++ function")
     builds = ("the compiler's first error names what the stable headers lack: the classic TORCH_CHECK, "
@@ -239,6 +243,11 @@ def _stable_cases(gen):
                "#error tell you which name to replace")
     threads = ("the classic kernel split its elements over torch's intra-op threads with at::parallel_for: keep "
                "that split, with the stable ABI's parallel_for, so torch.set_num_threads still governs it")
+    chunks = ("the stable ABI's parallel_for calls your callback once per chunk [begin, end) of the range, from "
+              "several threads at once: a callback that ignores its arguments computes every element in every call "
+              "(as many times over as there are threads, the values still right), and one that counts its chunk "
+              "from 0 computes other chunks' elements. Each call computes the elements of its own chunk, and only "
+              "those")
     values = "out = silu(gate) * up, element by element, over every element of the (contiguous) inputs"
     low = ("the op takes the four dtypes the classic kernel dispatched on (float, double, BFloat16, Half) and "
            "computes BFloat16 and Half in float, converting the result back once")
@@ -265,6 +274,8 @@ def _stable_cases(gen):
              "headers", headers),
         said("registers with the stable ABI's macro", "stable_macro", "registers with the stable ABI's macro",
              macro),
+        said("adds a kernel to labs_ext, defines no namespace", "stable_adds",
+             "adds a kernel to labs_ext, defines no namespace", adds),
         said("hands m.impl a boxed kernel", "stable_boxed", "hands m.impl a boxed kernel", boxed),
         said("builds and loads (TORCH_TARGET_VERSION 2.10.0)", "stable_builds", "builds and loads", builds),
         said("adds the CPU kernel of labs_ext::silu_mul", "stable_registered",
@@ -281,6 +292,8 @@ def _stable_cases(gen):
              call="stable_silu_mul", hint=strided),
         Case("different shapes are rejected", (torch.randn(3, 4, generator=gen), torch.randn(3, 5, generator=gen)),
              call="stable_silu_mul", raises="RuntimeError", hint=reject),
+        said("each chunk computes only its own range [begin, end)", "stable_chunks",
+             "each element computed in one chunk, and every element in one", chunks, args=(4099,)),
         said("opcheck passes (float32, 3 x 5)", "stable_opcheck", opcheck, schema, args=((3, 5), "float32")),
         values_case("no elements", (0, 5), torch.float32, values, hidden=True),
         values_case("one element, float16", (1,), torch.float16, low, hidden=True),
