@@ -283,11 +283,11 @@ else:
 
 # %% [markdown]
 # Read the free-threaded row and the last two lines together. With the GIL off, threads can beat their own
-# build's serial run (a speed-up above 1x on that row), but each thread is slower than on the GIL build; with
+# build's serial run (a speed-up above one on that row), but each thread is slower than on the GIL build; with
 # few cores the two effects can cancel, and with the GIL forced back on, threads only take turns. On more cores
-# the scaling term grows and wins. A free-threaded speed-up under 1x means the threads did not really run at
-# once: on 2 shared cores that happens (this course measured 1.3x and 0.8x on one idle 2-core virtual machine,
-# from one process to the next), so measure on more cores before you conclude.
+# the scaling term grows and wins. A free-threaded speed-up under one means the threads did not really run at
+# once: on 2 shared cores that happens (on one idle 2-core virtual machine this course saw a speed-up above one
+# in one process and below one in the next), so measure on more cores before you conclude.
 #
 # ## The pitfall that matters most: one random generator for all threads
 #
