@@ -362,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu.add_argument("--timeout", type=float, default=240, help="seconds per twin (default 240)")
     grade = sub.add_parser("grade", help="grade a folder of lab submissions; writes scores.csv and feedback")
     grade.add_argument("lab", help="lab id or path, e.g. 00_warmup_lab (see helpers/grading/specs/)")
-    grade.add_argument("submissions", help="folder of submissions: NAME.ipynb, or NAME/<any>.ipynb")
+    grade.add_argument("submissions", help="folder of submissions: NAME.ipynb, or NAME/<any>.ipynb; for "
+                                           "10_capstone_lab, NAME/ holding the project folder")
     grade.add_argument("--out", help="output folder (default: SUBMISSIONS/graded)")
     grade.add_argument("--workers", type=int, default=None, help="submissions at a time")
     grade.add_argument("--cpu-factor", type=float, default=10,

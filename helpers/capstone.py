@@ -7,9 +7,13 @@ so the starting code, a submission and the reference run side by side in one pro
 the seed; the grader runs hidden ones.
 
     start, mine, ref = (load_project(f) for f in (START, "my_capstone", REFERENCE))
-    loss_curve(mine, ref, VISIBLE)           # {"goal": "loss_curve", "passed": ..., ...}
-    train_speed(mine, start, VISIBLE)        # paired rounds against the starting code
-    grade(mine, start, ref, VISIBLE)         # every goal
+    goals(["loss_curve", "train_speed"], mine, start, ref, VISIBLE)   # [{"goal": ..., "passed": ...}, ...]
+    grade(mine, start, ref, VISIBLE)                                  # every goal
+
+Each goal is two halves (GOALS): a measure, which runs the project's code and returns plain values, and a
+judge, which decides with the reference at hand. The guide runs both in the learner's process; the grader
+(helpers.grading.specs.lab10) runs the measures in the sandbox and judges in its own process, so the
+reference never meets a submission.
 
 Speed is judged like the validation pipeline judges a timing (helpers.validation.stats): the starting code
 (A) and the project (B) alternate in rounds (A B, B A, ...), each round gives one median per side, and a
@@ -21,6 +25,7 @@ import contextlib
 import importlib
 import importlib.util
 import itertools
+import json
 import math
 import os
 import statistics
@@ -42,7 +47,8 @@ START = REPO / "labs" / "10_capstone"
 REFERENCE = REPO / "labs" / "solutions" / "10_capstone"
 MODULES = ("data", "model", "train", "serve")
 
-LOSS_RTOL = 1e-3            # per step, |loss - reference| / reference; an exact port differs by ~1e-7
+LOSS_RTOL = 1e-5            # per step, |loss - reference| / reference; a correct port differs by <= 2.4e-7
+TRAINED_RTOL = 3e-6         # the trained models' logits apart, per position, over training's move (loss_curve)
 SERVE_RTOL = 0.03           # ||served - fp32|| / ||fp32|| over the held-out prompts' next-token logits
 SERVE_AGREEMENT = 0.95      # share of held-out prompts whose top-1 token the served model keeps
 LOSS_RISE = 0.005           # the served model's held-out cross-entropy may rise this much (relative) above fp32's
@@ -51,6 +57,10 @@ BYTES_BUDGET = 1 / 3        # served file, as a fraction of the starting code's 
 MEMORY_BUDGET = 0.5         # a training step's transient peak, as a fraction of the starting code's
 MODEL_STATE = ("parameter", "gradient", "optimizer_state")    # timeline categories every version holds alike
 CAUSAL_ATOL = 1e-5          # logits before a changed token may move by float noise, no more
+HELD_OUT = 512              # held-out prompts (the other corpus slice): the served size's quality floor
+SERVE_PROMPTS = 256         # ... the first of them: serving agreement
+TRAIN_PROMPTS = 16          # ... the first of them: the trained models compared (loss_curve)
+BATCHES_COMPARED = 4        # make_batches' first batches compared with the documented ones
 
 _loaded = itertools.count()
 
@@ -106,34 +116,93 @@ def reference_batches(reference, w: dict, steps: int | None = None, part: int | 
                                             steps or w["steps"], w["seed"]))
 
 
-def trained(project, reference, w: dict):
-    """The project's model after the workload's steps on the reference batches."""
-    trainer = project.train.make_trainer(config(project, w), reference_batches(reference, w), w["seed"], w["lr"])
-    for _ in range(w["steps"]):
-        trainer.step()
-    return trainer.model
+def reference_inputs(reference, w: dict, prompts: int = HELD_OUT) -> dict:
+    """What a project's measures need from the reference, computed where the reference is (the guide's process,
+    or the grader): the workload's batches, and `prompts` held-out prompts [prompts, seq_len] from the other
+    corpus slice with the token after each."""
+    ((x, y),) = reference_batches(reference, w | {"batch_size": prompts}, steps=1, part=1 - w["part"])
+    return {"batches": reference_batches(reference, w), "prompts": x, "next_tokens": y[:, -1]}
 
+
+# Each goal is a measure and a judge. measure_X(project, start, w, given) runs the project's code and returns
+# plain values (in the grader, inside the sandbox); judge_X(measured, reference, w, given) decides, with the
+# reference at hand (in the grader, outside it). `given` is reference_inputs(reference, w).
 
 # --- Correctness --------------------------------------------------------------------------------------
 
-def loss_curve(project, reference, w: dict = VISIBLE, rtol: float = LOSS_RTOL) -> dict:
-    """The first `steps` training losses on the reference batches, with deterministic algorithms, against the
-    reference's: every step within `rtol` (relative)."""
-    batches = reference_batches(reference, w)
-    curves = []
+def measure_training(project, start, w: dict, given: dict) -> dict:
+    """The project trained on the given batches with deterministic algorithms: its losses; its trained
+    logits on the first TRAIN_PROMPTS prompts; its trained weights; and that model served (export, load): the
+    served next-token logits on every prompt, the file's bytes, and the starting code's file for the same
+    sizes (or what serving raised)."""
     with deterministic():
-        for side in (project, reference):
-            trainer = side.train.make_trainer(config(side, w), batches, w["seed"], w["lr"])
-            curves.append([trainer.step() for _ in range(w["steps"])])
-    errors = [abs(a - b) / abs(b) for a, b in zip(*curves)]
+        trainer = project.train.make_trainer(config(project, w), iter(given["batches"]), w["seed"], w["lr"])
+        losses = [trainer.step() for _ in range(w["steps"])]
+    model = trainer.model.eval()
+    with torch.no_grad():
+        measured = {"losses": losses, "logits": model(given["prompts"][:TRAIN_PROMPTS]),
+                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            served, measured["served_bytes"] = _export_and_load(project, model, folder)
+            measured["served_logits"] = project.serve.next_token_logits(served, given["prompts"]).float()
+        with tempfile.TemporaryDirectory() as folder:
+            measured["start_bytes"] = _export_and_load(start, start.model.build_model(config(start, w), w["seed"]),
+                                                       folder)[1]
+    except Exception as error:
+        measured["serving_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    return measured
+
+
+def _fp32_logits(reference, state: dict, w: dict, prompts: torch.Tensor) -> torch.Tensor:
+    """Next-token logits of the given weights in the reference's float32 model."""
+    fp32 = reference.model.build_model(config(reference, w), w["seed"]).eval()
+    fp32.load_state_dict(state)
+    with torch.no_grad():
+        return fp32(prompts)[:, -1]
+
+
+_REFERENCE_RUNS: dict[tuple[str, str], dict] = {}
+
+
+def _reference_training(reference, w: dict, given: dict) -> dict:
+    """measure_training of the reference, once per workload (a grader judges a class against the same run)."""
+    key = (reference.folder, repr(w))
+    if key not in _REFERENCE_RUNS:
+        _REFERENCE_RUNS[key] = measure_training(reference, reference, w, given)
+    return _REFERENCE_RUNS[key]
+
+
+def judge_loss_curve(measured: dict, reference, w: dict, given: dict, rtol: float = LOSS_RTOL,
+                     trained_rtol: float = TRAINED_RTOL) -> dict:
+    """The first `steps` training losses on the reference batches, with deterministic algorithms, against the
+    reference's: every step within `rtol` (relative); and what the two trained models compute: on held-out
+    prompts, at the median position, ||logits - reference's|| at most `trained_rtol` x ||reference's - the
+    initial model's|| (how far training moved them there).
+
+    A change of documented behaviour can move the losses little (weight decay 0.01 -> 0, exact GELU for the
+    tanh one) but moves what training learns, which the trained logits show. Logits, not parameters: a
+    softmax ignores the key projection's bias, whose gradient is then rounding noise that AdamW scales to
+    full steps, so correct ports' parameters part by as much as a small change of behaviour moves them."""
+    theirs = _reference_training(reference, w, given)
+    losses = [float(v) for v in measured["losses"]]
+    if len(losses) != len(theirs["losses"]):
+        raise ValueError(f"{len(losses)} losses for {len(theirs['losses'])} steps")
+    errors = [abs(a - b) / abs(b) for a, b in zip(losses, theirs["losses"])]
     worst = max(range(len(errors)), key=errors.__getitem__)
-    return {"goal": "loss_curve", "passed": errors[worst] <= rtol, "rtol": rtol, "worst_error": errors[worst],
-            "worst_step": worst, "losses": curves[0], "reference": curves[1]}
+    initial = reference.model.build_model(config(reference, w), w["seed"]).eval()
+    with torch.no_grad():
+        before = initial(given["prompts"][:TRAIN_PROMPTS])
+    mine = measured["logits"].float().reshape(theirs["logits"].shape)
+    moved = float(((mine - theirs["logits"]).norm(dim=-1) / (theirs["logits"] - before).norm(dim=-1)).median())
+    return {"goal": "loss_curve", "passed": errors[worst] <= rtol and moved <= trained_rtol, "rtol": rtol,
+            "worst_error": errors[worst], "worst_step": worst, "trained_error": moved,
+            "trained_rtol": trained_rtol, "losses": losses, "reference": theirs["losses"]}
 
 
-def causality(project, w: dict = VISIBLE, positions: int = 4, atol: float = CAUSAL_ATOL) -> dict:
-    """The planted bug's goal: changing the token at position p must leave the logits at every position
-    before p as they were (a language model may not see the future)."""
+def measure_causality(project, start, w: dict, given: dict, positions: int = 4, atol: float = CAUSAL_ATOL) -> dict:
+    """Changing the token at position p must leave the logits at every position before p as they were (a
+    language model may not see the future): the positions whose earlier logits moved beyond `atol`."""
     model = project.model.build_model(config(project, w), w["seed"]).eval()
     generator = torch.Generator().manual_seed(w["seed"])
     ids = torch.randint(w["model"]["vocab_size"], (2, w["seq_len"]), generator=generator)
@@ -146,78 +215,76 @@ def causality(project, w: dict = VISIBLE, positions: int = 4, atol: float = CAUS
             changed[:, p] = (changed[:, p] + 1) % w["model"]["vocab_size"]
             moved = float((model(changed)[:, :p] - before[:, :p]).abs().max())
             if moved > atol:
-                leaks[p] = moved
-    return {"goal": "causality", "passed": not leaks, "atol": atol, "changed_positions": picks,
-            "leaking_positions": {str(p): m for p, m in leaks.items()}}
+                leaks[str(p)] = moved
+    return {"atol": atol, "changed_positions": picks, "leaking_positions": leaks}
 
 
-def batches_match(project, reference, w: dict = VISIBLE, steps: int = 4) -> dict:
-    """The project's make_batches gives the documented batches: the reference's, in order."""
-    text = reference.data.corpus(w["part"])
+def judge_causality(measured: dict, reference, w: dict, given: dict) -> dict:
+    """The planted bug's goal: no position leaks."""
+    return {"goal": "causality", "passed": not measured["leaking_positions"], **measured}
+
+
+def measure_batches(project, start, w: dict, given: dict, steps: int = BATCHES_COMPARED) -> dict:
+    """The first `steps` batches of the project's make_batches, tokenized by its own tokenizer."""
+    text = project.data.corpus(w["part"])
     tokenizer = project.data.build_tokenizer(text, w["model"]["vocab_size"])
-    mine = list(itertools.islice(project.data.make_batches(text, tokenizer, w["batch_size"], w["seq_len"], steps,
-                                                           w["seed"]), steps))
+    made = project.data.make_batches(text, tokenizer, w["batch_size"], w["seq_len"], steps, w["seed"])
+    return {"batches": [list(b) if isinstance(b, (list, tuple)) else b for b in itertools.islice(made, steps)]}
+
+
+def judge_batches(measured: dict, reference, w: dict, given: dict, steps: int = BATCHES_COMPARED) -> dict:
+    """The project's make_batches gives the documented batches: the reference's, in order."""
     theirs = reference_batches(reference, w, steps)
-    same = [len(m) == 2 and all(torch.equal(a, b) for a, b in zip(m, t)) for m, t in zip(mine, theirs)]
+    mine = measured["batches"]
+    same = [isinstance(m, (list, tuple)) and len(m) == 2 and all(
+        isinstance(a, torch.Tensor) and a.shape == b.shape and torch.equal(a, b) for a, b in zip(m, t))
+        for m, t in zip(mine, theirs)]
     return {"goal": "batches_match", "passed": len(same) == steps and all(same), "batches_equal": same}
 
 
-def _held_out(reference, w: dict, prompts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts [prompts, seq_len] and the token after each, from the other corpus slice."""
-    ((x, y),) = reference_batches(reference, w | {"batch_size": prompts}, steps=1, part=1 - w["part"])
-    return x, y[:, -1]
+def _served(measured: dict) -> None:
+    if "serving_error" in measured:
+        raise RuntimeError(f"serving raised {measured['serving_error']}")
 
 
-def _export_and_load(project, model, folder) -> tuple[object, int]:
-    path = os.path.join(folder, "served.pt")
-    project.serve.export(model, path)
-    return project.serve.load(path), os.path.getsize(path)
-
-
-def _fp32_logits(reference, model, w: dict, prompts: torch.Tensor) -> torch.Tensor:
-    """Next-token logits of the project's weights in the reference's float32 model."""
-    fp32 = reference.model.build_model(config(reference, w), w["seed"]).eval()
-    fp32.load_state_dict(model.state_dict())
-    with torch.no_grad():
-        return fp32(prompts)[:, -1]
-
-
-def serving_agreement(project, reference, w: dict = VISIBLE, model=None, prompts: int = 256,
-                      rtol: float = SERVE_RTOL, agreement: float = SERVE_AGREEMENT) -> dict:
+def judge_serving_agreement(measured: dict, reference, w: dict, given: dict, rtol: float = SERVE_RTOL,
+                            agreement: float = SERVE_AGREEMENT) -> dict:
     """The served model (export, then load) against the float32 model with the same trained weights: the
-    next-token logits within `rtol` (relative, over all prompts) and the same top-1 token on `agreement` of them."""
-    model = trained(project, reference, w) if model is None else model
-    x, _ = _held_out(reference, w, prompts)
-    expected = _fp32_logits(reference, model, w, x)
-    with tempfile.TemporaryDirectory() as folder:
-        served, _ = _export_and_load(project, model, folder)
-        got = project.serve.next_token_logits(served, x).float()
+    next-token logits within `rtol` (relative, over the first SERVE_PROMPTS prompts) and the same top-1
+    token on `agreement` of them."""
+    _served(measured)
+    x = given["prompts"][:SERVE_PROMPTS]
+    expected = _fp32_logits(reference, measured["state"], w, x)
+    got = measured["served_logits"][:SERVE_PROMPTS].float().reshape(expected.shape)
     error = float((got - expected).norm() / expected.norm())
     agree = float((got.argmax(-1) == expected.argmax(-1)).float().mean())
     return {"goal": "serving_agreement", "passed": error <= rtol and agree >= agreement, "relative_error": error,
             "rtol": rtol, "top1_agreement": agree, "agreement_needed": agreement}
 
 
-def served_size(project, start, reference, w: dict = VISIBLE, model=None, prompts: int = 512,
-                budget: float = BYTES_BUDGET, loss_rise: float = LOSS_RISE, drop: float = ACCURACY_DROP) -> dict:
+def judge_served_size(measured: dict, reference, w: dict, given: dict, budget: float = BYTES_BUDGET,
+                      loss_rise: float = LOSS_RISE, drop: float = ACCURACY_DROP) -> dict:
     """The served file's bytes under `budget` x the starting code's file for the same model, at a quality
-    floor on held-out text: the next-token cross-entropy at most `loss_rise` (relative) above the float32
-    model's, and the top-1 accuracy at most `drop` below it."""
-    model = trained(project, reference, w) if model is None else model
-    x, y = _held_out(reference, w, prompts)
-    expected = _fp32_logits(reference, model, w, x)
-    with tempfile.TemporaryDirectory() as folder:
-        served, size = _export_and_load(project, model, folder)
-        got = project.serve.next_token_logits(served, x).float()
-    with tempfile.TemporaryDirectory() as folder:
-        start_size = _export_and_load(start, start.model.build_model(config(start, w), w["seed"]), folder)[1]
+    floor on every held-out prompt: the next-token cross-entropy at most `loss_rise` (relative) above the
+    float32 model's, and the top-1 accuracy at most `drop` below it."""
+    _served(measured)
+    x, y = given["prompts"], given["next_tokens"]
+    expected = _fp32_logits(reference, measured["state"], w, x)
+    got = measured["served_logits"].float().reshape(expected.shape)
     loss, fp32_loss = (float(F.cross_entropy(logits, y)) for logits in (got, expected))
     accuracy, fp32_accuracy = (float((logits.argmax(-1) == y).float().mean()) for logits in (got, expected))
+    size, start_size = int(measured["served_bytes"]), int(measured["start_bytes"])
     ratio = size / start_size
     floor = loss <= fp32_loss * (1 + loss_rise) and accuracy >= fp32_accuracy - drop
     return {"goal": "served_size", "passed": ratio <= budget and floor, "bytes": size, "start_bytes": start_size,
             "ratio": ratio, "budget": budget, "loss": loss, "fp32_loss": fp32_loss, "loss_rise_allowed": loss_rise,
             "accuracy": accuracy, "fp32_accuracy": fp32_accuracy, "drop_allowed": drop}
+
+
+def _export_and_load(project, model, folder) -> tuple[object, int]:
+    path = os.path.join(folder, "served.pt")
+    project.serve.export(model, path)
+    return project.serve.load(path), os.path.getsize(path)
 
 
 # --- Speed ----------------------------------------------------------------------------------------------
@@ -248,7 +315,8 @@ def speed_verdict(goal: str, medians_a: list[float], medians_b: list[float]) -> 
     return {"goal": goal, "passed": verdict == "improvement", "verdict": verdict, "gain": interval["gain"],
             "low": interval["low"], "high": interval["high"], "pairs": interval["pairs"],
             "round_gains": interval["round_gains"], "start_s": statistics.median(medians_a),
-            "project_s": statistics.median(medians_b), "threads": torch.get_num_threads()}
+            "project_s": statistics.median(medians_b), "threads": torch.get_num_threads(),
+            "start_rounds": list(medians_a), "project_rounds": list(medians_b)}
 
 
 @contextlib.contextmanager
@@ -271,23 +339,24 @@ def _trainer(project, w: dict, steps: int):
     return project.train.make_trainer(config(project, w), batches, w["seed"], w["lr"])
 
 
-def train_speed(project, start, w: dict = VISIBLE, rounds: int = 6, calls: int = 5, warmup: int = 3,
-                threads_used: int | None = None) -> dict:
-    """Training step time (next batch, forward, backward, optimizer step) against the starting code's, both
-    on `threads_used` intra-op threads (None: as set)."""
+def measure_train_speed(project, start, w: dict, given: dict, rounds: int = 6, calls: int = 5, warmup: int = 3,
+                        threads_used: int | None = None) -> dict:
+    """Training step time (next batch, forward, backward, optimizer step) of the starting code (A) and the
+    project (B) in paired rounds, both on `threads_used` intra-op threads (None: as set)."""
     steps = warmup + rounds * calls
     with threads(threads_used):
         a, b = _trainer(start, w, steps), _trainer(project, w, steps)
         for _ in range(warmup):
             a.step()
             b.step()
-        return speed_verdict("train_speed", *paired_rounds(a.step, b.step, rounds, calls))
+        return dict(zip(("start", "project"), paired_rounds(a.step, b.step, rounds, calls)),
+                    threads=torch.get_num_threads())
 
 
-def serve_latency(project, start, w: dict = VISIBLE, rounds: int = 6, calls: int = 20, warmup: int = 3,
-                  threads_used: int | None = None) -> dict:
-    """Batch-1 latency of next_token_logits on a seq_len prompt, served (export, load) against the
-    starting code's, both on `threads_used` intra-op threads (None: as set)."""
+def measure_serve_latency(project, start, w: dict, given: dict, rounds: int = 6, calls: int = 20, warmup: int = 3,
+                          threads_used: int | None = None) -> dict:
+    """Batch-1 latency of next_token_logits on a seq_len prompt, served (export, load), of the starting code
+    (A) and the project (B) in paired rounds, both on `threads_used` intra-op threads (None: as set)."""
     generator = torch.Generator().manual_seed(w["seed"])
     prompt = torch.randint(w["model"]["vocab_size"], (1, w["seq_len"]), generator=generator)
     runs = []
@@ -298,29 +367,73 @@ def serve_latency(project, start, w: dict = VISIBLE, rounds: int = 6, calls: int
     with threads(threads_used):
         for run in runs * warmup:
             run()
-        return speed_verdict("serve_latency", *paired_rounds(*runs, rounds, calls))
+        return dict(zip(("start", "project"), paired_rounds(*runs, rounds, calls)), threads=torch.get_num_threads())
+
+
+def _judge_speed(goal: str):
+    def judge(measured: dict, reference, w: dict, given: dict) -> dict:
+        a, b = ([float(t) for t in measured[side]] for side in ("start", "project"))
+        if len(a) != len(b) or len(a) < 2 or min(a + b) <= 0:
+            raise ValueError(f"rounds that cannot be paired: {len(a)} and {len(b)} medians")
+        return speed_verdict(goal, a, b) | {"threads": int(measured["threads"])}
+    judge.__doc__ = f"The {goal} gain of the project over the starting code: the pipeline's paired verdict."
+    return judge
+
+
+judge_train_speed, judge_serve_latency = _judge_speed("train_speed"), _judge_speed("serve_latency")
 
 
 # --- Memory ---------------------------------------------------------------------------------------------
 
+def resident_bytes(prof, categories=MODEL_STATE) -> int:
+    """Bytes of the tensors alive when the profile began and still alive when it ended (a dataset held as a
+    tensor, say), every category but `categories`; read from the per-tensor timeline that
+    prof.export_memory_timeline (helpers.memory.timeline) builds. A tensor alive at the start that the
+    profiled code frees (what the previous step left) is not resident."""
+    from torch.profiler._memory_profiler import Action, TensorKey
+    mem_tl = prof.mem_tl
+    resident = {}
+    for _, action, (key, version), size in mem_tl.timeline:
+        if not isinstance(key, TensorKey) or key.device.type != "cpu":
+            continue
+        if action == Action.PREEXISTING:
+            category = mem_tl.categories.get(key, version)
+            if category is None or category.name.lower() not in categories:
+                resident[key] = size
+        elif action == Action.DESTROY:
+            resident.pop(key, None)
+    return sum(resident.values())
+
+
 def step_peaks(project, w: dict = VISIBLE, warmup: int = 2) -> dict:
     """One training step (after `warmup` steps, so the optimizer state exists) under the profiler, its memory
-    timeline read as lesson 07 reads it: the peak of all bytes, and the peak of the transient ones, every
-    category but the model's state (parameters, gradients, optimizer state), which any version holds alike."""
+    timeline read as lesson 07 reads it: the peak of all bytes, and the transient peak, the most bytes the
+    step holds above what is resident through it: every category but the model's state (parameters,
+    gradients, optimizer state, which any version holds alike), less the bytes alive through the whole step
+    (resident_bytes: the data a pipeline keeps, whether in a tensor, a list or an array)."""
     trainer = _trainer(project, w, warmup + 1)
     for _ in range(warmup):
         trainer.step()
-    timeline = memory.timeline(memory.profile_steps(trainer.step, steps=1))
+    prof = memory.profile_steps(trainer.step, steps=1)
+    timeline = memory.timeline(prof)
     transient = [sum(at) for at in zip(*(b for c, b in timeline["bytes"].items() if c not in MODEL_STATE))]
-    return {"peak_bytes": memory.peak_bytes(timeline), "transient_peak_bytes": max(transient)}
+    resident = resident_bytes(prof)
+    return {"peak_bytes": memory.peak_bytes(timeline), "transient_peak_bytes": max(transient) - resident,
+            "resident_bytes": resident}
 
 
-def step_memory(project, start, w: dict = VISIBLE, budget: float = MEMORY_BUDGET) -> dict:
+def measure_step_memory(project, start, w: dict, given: dict) -> dict:
+    """step_peaks of the project and of the starting code on the same workload."""
+    return {"project": step_peaks(project, w), "start": step_peaks(start, w)}
+
+
+def judge_step_memory(measured: dict, reference, w: dict, given: dict, budget: float = MEMORY_BUDGET) -> dict:
     """A training step's transient peak (step_peaks) under `budget` x the starting code's on the same workload."""
-    mine, theirs = step_peaks(project, w), step_peaks(start, w)
+    mine, theirs = measured["project"], measured["start"]
     ratio = mine["transient_peak_bytes"] / theirs["transient_peak_bytes"]
     return {"goal": "step_memory", "passed": ratio <= budget, "ratio": ratio, "budget": budget,
             "transient_peak_bytes": mine["transient_peak_bytes"], "peak_bytes": mine["peak_bytes"],
+            "resident_bytes": mine["resident_bytes"],
             "start_transient_peak_bytes": theirs["transient_peak_bytes"], "start_peak_bytes": theirs["peak_bytes"]}
 
 
@@ -333,9 +446,9 @@ def _is_torch_deprecation(caught: warnings.WarningMessage) -> bool:
     return deprecation and ("torch" in text or from_torch)
 
 
-def deprecations(folder, w: dict = VISIBLE, steps: int = 2) -> dict:
+def measure_deprecations(project, start, w: dict, given: dict, steps: int = 2) -> dict:
     """Deprecation warnings from torch while the project is imported, trains `steps` steps, exports, loads
-    and serves: none allowed. Imported afresh (a warning raised at import counts) and with
+    and serves. Imported afresh from its folder (a warning raised at import counts) and with
     torch.set_warn_always(True), so warnings torch raises once per process are seen every time."""
     found = []
     warn_always = torch.is_warn_always_enabled()
@@ -343,84 +456,211 @@ def deprecations(folder, w: dict = VISIBLE, steps: int = 2) -> dict:
     try:
         with warnings.catch_warnings(record=True) as caught, tempfile.TemporaryDirectory() as tmp:
             warnings.simplefilter("always")
-            project = load_project(folder)
-            trainer, _, _ = project.train.train(project.data.corpus(w["part"]), config(project, w), w["batch_size"],
-                                                w["seq_len"], steps, w["seed"], w["lr"])
-            served, _ = _export_and_load(project, trainer.model, tmp)
-            project.serve.next_token_logits(served, torch.zeros(1, w["seq_len"], dtype=torch.long))
+            fresh = load_project(project.folder)
+            trainer, _, _ = fresh.train.train(fresh.data.corpus(w["part"]), config(fresh, w), w["batch_size"],
+                                              w["seq_len"], steps, w["seed"], w["lr"])
+            served, _ = _export_and_load(fresh, trainer.model, tmp)
+            fresh.serve.next_token_logits(served, torch.zeros(1, w["seq_len"], dtype=torch.long))
     finally:
         torch.set_warn_always(warn_always)
     for c in caught:
         line = f"{c.category.__name__}: {str(c.message).splitlines()[0]}"
         if _is_torch_deprecation(c) and line not in found:
             found.append(line)
-    return {"goal": "deprecations", "passed": not found, "warnings": found}
+    return {"warnings": found}
 
 
-def deterministic_repeat(project, w: dict = VISIBLE) -> dict:
-    """The project's whole run (its tokenizer, batches, model, optimizer) twice with the same seed: the same
-    losses, bit for bit."""
+def judge_deprecations(measured: dict, reference, w: dict, given: dict) -> dict:
+    """No deprecation warning from torch."""
+    return {"goal": "deprecations", "passed": not measured["warnings"], "warnings": list(measured["warnings"])}
+
+
+def measure_repeat(project, start, w: dict, given: dict) -> dict:
+    """The project's whole run (its tokenizer, batches, model, optimizer) twice with the same seed: both
+    runs' losses."""
     text = project.data.corpus(w["part"])
-    runs = [project.train.train(text, config(project, w), w["batch_size"], w["seq_len"], w["steps"], w["seed"],
-                                w["lr"])[1] for _ in range(2)]
+    return {"losses": [project.train.train(text, config(project, w), w["batch_size"], w["seq_len"], w["steps"],
+                                           w["seed"], w["lr"])[1] for _ in range(2)]}
+
+
+def judge_repeat(measured: dict, reference, w: dict, given: dict) -> dict:
+    """The same losses, bit for bit, for every step."""
+    runs = [[float(v) for v in run] for run in measured["losses"]]
     differ = [i for i, (a, b) in enumerate(zip(*runs)) if a != b]
-    return {"goal": "deterministic_repeat", "passed": not differ and len(runs[0]) == len(runs[1]) == w["steps"],
-            "first_differing_step": differ[0] if differ else None, "losses": runs}
+    return {"goal": "deterministic_repeat", "passed": len(runs) == 2 and not differ
+            and len(runs[0]) == len(runs[1]) == w["steps"], "first_differing_step": differ[0] if differ else None,
+            "losses": runs}
 
 
-def graph_breaks(project, w: dict = VISIBLE) -> dict:
-    """torch._dynamo.explain over train.loss_fn on a training-mode model and a batch: one graph, no break."""
+def measure_graph_breaks(project, start, w: dict, given: dict) -> dict:
+    """torch._dynamo.explain over train.loss_fn on a training-mode model and a batch: its graphs, its breaks
+    and their reasons (a trace that fails is reported like a break)."""
     model = project.model.build_model(config(project, w), w["seed"]).train()
     ids = torch.randint(w["model"]["vocab_size"], (w["batch_size"], w["seq_len"] + 1),
                         generator=torch.Generator().manual_seed(w["seed"]))
     torch._dynamo.reset()
     try:
         explained = torch._dynamo.explain(project.train.loss_fn)(model, ids[:, :-1], ids[:, 1:])
-    except Exception as error:       # a trace that fails is a finding, reported like a break
-        return {"goal": "graph_breaks", "passed": False, "graph_breaks": None, "graphs": None,
-                "reasons": [f"{type(error).__name__}: {str(error).splitlines()[0]}"]}
+    except Exception as error:
+        return {"graph_breaks": None, "graphs": None, "reasons": [f"{type(error).__name__}: {str(error).splitlines()[0]}"]}
     finally:
         torch._dynamo.reset()
-    reasons = list(dict.fromkeys(str(b.reason).splitlines()[0] for b in explained.break_reasons))
-    return {"goal": "graph_breaks", "passed": explained.graph_break_count == 0,
-            "graph_breaks": explained.graph_break_count, "graphs": explained.graph_count, "reasons": reasons}
+    return {"graph_breaks": explained.graph_break_count, "graphs": explained.graph_count,
+            "reasons": list(dict.fromkeys(str(b.reason).splitlines()[0] for b in explained.break_reasons))}
 
 
-# --- Everything -----------------------------------------------------------------------------------------
+def judge_graph_breaks(measured: dict, reference, w: dict, given: dict) -> dict:
+    """One graph, no break."""
+    return {"goal": "graph_breaks", "passed": measured["graph_breaks"] == 0, **measured}
 
-def _attempt(goal: str, measure, *args, **kwargs) -> dict:
-    """A goal's result, or a failed goal saying what the project raised."""
+
+# --- The learner's report -------------------------------------------------------------------------------
+
+REPORT = "report.json"      # in the project folder: the learner's claims for the timed goals
+CLAIMED = ("verdict", "gain", "low", "high", "start_rounds", "project_rounds")
+MAX_REPORT_BYTES = 64 * 1024
+
+
+def write_report(results: list[dict], folder) -> Path:
+    """The timed goals' results (as goals() returns them) written to REPORT in the project folder: for each,
+    the verdict, the gain and its interval, and the per-round medians they come from."""
+    claims = {r["goal"]: {k: r[k] for k in CLAIMED} for r in results if r["goal"] in TIMED and "verdict" in r}
+    path = Path(folder) / REPORT
+    path.write_text(json.dumps({"claims": claims}, indent=1))
+    return path
+
+
+def measure_report(project, start, w: dict, given: dict) -> dict:
+    """The claims of the project's REPORT, read as data ({"found": False} when there is none)."""
+    path = Path(project.folder) / REPORT
+    if not path.is_file():
+        return {"found": False, "claims": None}
+    if path.stat().st_size > MAX_REPORT_BYTES:
+        raise ValueError(f"{REPORT} is larger than {MAX_REPORT_BYTES // 1024} KB")
+    report = json.loads(path.read_text())
+    return {"found": True, "claims": report.get("claims") if isinstance(report, dict) else None}
+
+
+def judge_report(measured: dict, reference, w: dict, given: dict, timed: dict | None = None) -> dict:
+    """The report claims each timed goal, and each claim is what its own rounds give under the pipeline's
+    statistic (the verdict, and the gain and interval within 1e-6); with `timed` (goal -> this judge's own
+    result for it), no claim is contradicted there: an improvement claimed where the grader measured a
+    regression, or the reverse. A claim the grader only could not confirm (within noise) stands: the
+    learner's machine is not the grader's."""
+    if not measured["found"]:
+        return {"goal": "report", "passed": False, "problems": [f"no {REPORT} in the project folder"]}
+    problems, claims = [], measured["claims"] if isinstance(measured["claims"], dict) else {}
+    for goal in TIMED:
+        claim = claims.get(goal)
+        if not isinstance(claim, dict) or set(CLAIMED) - set(claim):
+            problems.append(f"{goal}: no claim with {', '.join(CLAIMED)}")
+            continue
+        rounds = [[float(t) for t in claim[side]] for side in ("start_rounds", "project_rounds")]
+        own = speed_verdict(goal, *rounds)
+        if claim["verdict"] != own["verdict"] or any(
+                not math.isclose(float(claim[k]), own[k], rel_tol=1e-6) for k in ("gain", "low", "high")):
+            problems.append(f"{goal}: claims {claim['verdict']} {float(claim['gain']):.3g}x "
+                            f"[{float(claim['low']):.3g}, {float(claim['high']):.3g}], its rounds give "
+                            f"{own['verdict']} {own['gain']:.3g}x [{own['low']:.3g}, {own['high']:.3g}]")
+        measured_here = (timed or {}).get(goal, {}).get("verdict")
+        if {claim["verdict"], measured_here} == {"improvement", "regression"}:
+            problems.append(f"{goal}: claims {claim['verdict']}, the grader measured {measured_here}")
+    return {"goal": "report", "passed": not problems, "problems": problems}
+
+
+# --- Every goal -----------------------------------------------------------------------------------------
+
+# goal -> (measure, judge); goals that share a measure (training feeds three) are measured once by grade()
+GOALS = {"loss_curve": (measure_training, judge_loss_curve),
+         "causality": (measure_causality, judge_causality),
+         "batches_match": (measure_batches, judge_batches),
+         "serving_agreement": (measure_training, judge_serving_agreement),
+         "served_size": (measure_training, judge_served_size),
+         "train_speed": (measure_train_speed, judge_train_speed),
+         "serve_latency": (measure_serve_latency, judge_serve_latency),
+         "step_memory": (measure_step_memory, judge_step_memory),
+         "deprecations": (measure_deprecations, judge_deprecations),
+         "deterministic_repeat": (measure_repeat, judge_repeat),
+         "graph_breaks": (measure_graph_breaks, judge_graph_breaks),
+         "report": (measure_report, judge_report)}
+TIMED = ("train_speed", "serve_latency")
+HINTS = {"loss_curve": "compare your step with the reference op by op from the same parameters: a documented setting "
+                       "changed (an optimizer's, an activation's) moves what training learns even where the loss "
+                       "barely moves",
+         "causality": "which positions may a position's prediction depend on?",
+         "batches_match": "read make_batches' docstring: which generator, which order?",
+         "serving_agreement": "serve the model you trained: compare what serve.load returns with the float32 model "
+                              "on the same prompts, and keep the error per output channel small",
+         "served_size": "a smaller file must predict as well on held-out text: lesson 05, a scale per output channel "
+                        "rather than one per tensor; check the held-out loss, not only the size",
+         "train_speed": "profile one step before changing it: lessons 01, 02, 03, 05 and 06 each name a cost "
+                        "the starting code pays",
+         "serve_latency": "at batch 1 each call's fixed costs dominate: the mask built per call, a Python loop "
+                          "over experts, the dtype",
+         "step_memory": "what does a step keep alive until the backward pass? lesson 07",
+         "deprecations": "each warning names the API that replaces it",
+         "deterministic_repeat": "every random draw needs its own seeded generator, and the batches' order must "
+                                 "not depend on which worker finished first",
+         "graph_breaks": "each reason names the line: Python control flow on a tensor's value, a .item(), a "
+                         "function dynamo cannot trace",
+         "report": "write the report from the rounds you measured (capstone.write_report), and claim only what "
+                   "they show"}
+
+
+def judged(goal: str, measured, reference, w: dict, given: dict, **limits) -> dict:
+    """A goal's result from what was measured: a measure that raised (measured is {"error": ...}) or a
+    measurement the judge cannot read fails the goal and says why."""
     try:
-        return measure(*args, **kwargs)
+        if isinstance(measured, dict) and set(measured) == {"error"}:
+            raise RuntimeError(measured["error"])
+        return GOALS[goal][1](measured, reference, w, given, **limits)
     except Exception as error:
         return {"goal": goal, "passed": False, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:500]}"}
+
+
+def measured(goal: str, project, start, w: dict, given: dict, **options):
+    """A goal's measure on the project, or {"error": what it raised}."""
+    try:
+        return GOALS[goal][0](project, start, w, given, **options)
+    except Exception as error:
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:500]}"}
+
+
+def goal(name: str, project, start, reference, w: dict = VISIBLE, given: dict | None = None, options: dict = {},
+         **limits) -> dict:
+    """One goal measured on the project and judged against the reference (`options`: the measure's, such as
+    rounds and threads_used; `limits`: the judge's, such as rtol and budget)."""
+    given = reference_inputs(reference, w) if given is None else given
+    return judged(name, measured(name, project, start, w, given, **options), reference, w, given, **limits)
+
+
+def goals(names, project, start, reference, w: dict = VISIBLE, threads_used: int | None = None,
+          rounds: int | None = None) -> list[dict]:
+    """The named goals on one workload, each measure run once (the timed ones on `threads_used` threads,
+    `rounds` paired rounds or their default)."""
+    given, cache, results = reference_inputs(reference, w), {}, []
+    timing = {"threads_used": threads_used} | ({"rounds": rounds} if rounds else {})
+    for name in names:
+        measure = GOALS[name][0]
+        if measure not in cache:
+            cache[measure] = measured(name, project, start, w, given, **(timing if name in TIMED else {}))
+        extra = {"timed": {r["goal"]: r for r in results if r["goal"] in TIMED}} if name == "report" else {}
+        results.append(judged(name, cache[measure], reference, w, given, **extra))
+    return results
 
 
 def grade(project, start, reference, w: dict = VISIBLE, threads_used: int | None = None) -> dict:
     """Every goal on one workload, the timed ones on `threads_used` threads: {"goals": {name: result},
     "passed": [names], "seconds": ...}."""
     t0 = time.perf_counter()
-    model = _attempt("trained", trained, project, reference, w)
-    model = None if isinstance(model, dict) else model       # each serving goal then trains, and reports the error
-    goals = {goal: _attempt(goal, measure, *args, **kwargs) for goal, measure, args, kwargs in (
-        ("loss_curve", loss_curve, (project, reference, w), {}),
-        ("causality", causality, (project, w), {}),
-        ("batches_match", batches_match, (project, reference, w), {}),
-        ("serving_agreement", serving_agreement, (project, reference, w), {"model": model}),
-        ("served_size", served_size, (project, start, reference, w), {"model": model}),
-        ("train_speed", train_speed, (project, start, w), {"threads_used": threads_used}),
-        ("serve_latency", serve_latency, (project, start, w), {"threads_used": threads_used}),
-        ("step_memory", step_memory, (project, start, w), {}),
-        ("deprecations", deprecations, (project.folder, w), {}),
-        ("deterministic_repeat", deterministic_repeat, (project, w), {}),
-        ("graph_breaks", graph_breaks, (project, w), {}))}
-    return {"goals": goals, "passed": [g for g, r in goals.items() if r["passed"]],
+    results = dict(zip(GOALS, goals(GOALS, project, start, reference, w, threads_used)))
+    return {"goals": results, "passed": [g for g, r in results.items() if r["passed"]],
             "seconds": math.ceil(time.perf_counter() - t0)}
 
 
 # --- In the guide notebook ------------------------------------------------------------------------------
 
-EVIDENCE = ("leaking_positions", "batches_equal", "warnings", "reasons")   # the lists that say why a goal missed
+EVIDENCE = ("leaking_positions", "batches_equal", "warnings", "reasons", "problems")   # the lists that say why a goal missed
 
 
 def describe(result: dict) -> str:
@@ -436,7 +676,7 @@ def describe(result: dict) -> str:
                      or k in EVIDENCE and not result["passed"])
 
 
-def check_goals(results: list[dict], what: str, hints: dict[str, str] | None = None, stop: bool = True) -> bool:
+def check_goals(results: list[dict], what: str, hints: dict[str, str] = HINTS, stop: bool = True) -> bool:
     """One line per goal: passed, or what was measured with the goal's hint. With `stop`, any goal missed
     raises helpers.checks.CheckFailed after every line is printed; without, the notebook goes on. Returns
     whether every goal passed."""
@@ -446,7 +686,7 @@ def check_goals(results: list[dict], what: str, hints: dict[str, str] | None = N
         if result["passed"]:
             checks.passed(name)
             continue
-        hint = (hints or {}).get(result["goal"], "")
+        hint = hints.get(result["goal"], "")
         missed.append(name)
         print(f"Not yet. {name}: {describe(result)}" + (f"\n   Hint: {hint}" if hint else ""))
     if missed and stop:

@@ -3,6 +3,7 @@ wrong versions made here from them: the solution passes every goal and beats the
 code earns only the serving goal and fails the planted bug; each wrong version fails the goal it breaks.
 Every goal on a workload other than the visible one is the guide notebook's last cell, whose stored output
 (every untimed goal passed) the suite and each environment of the matrix compare."""
+import json
 import shutil
 
 import pytest
@@ -65,54 +66,79 @@ def visible_only(tmp_path_factory):
                    {"model.py": [("tril(diagonal=1)", "tril(diagonal=0 if length == 64 else 1)")]})
 
 
+def goal(name, project, reference, w=W, start=None, **options):
+    """One goal of the project (the starting code as its own baseline where none is given)."""
+    return capstone.goal(name, project, start or project, reference, w, options=options)
+
+
+@pytest.fixture(scope="module")
+def weight_decay_off(tmp_path_factory):
+    """The solution with AdamW's documented weight decay (0.01) set to 0."""
+    return variant(capstone.REFERENCE, tmp_path_factory.mktemp("weight_decay_off") / "project",
+                   {"train.py": [("weight_decay=0.01", "weight_decay=0.0")]})
+
+
 def test_starting_code_earns_serving_but_not_the_planted_bug(start, reference):
-    assert capstone.serving_agreement(start, reference, W)["passed"]
-    leak = capstone.causality(start, W)
+    assert goal("serving_agreement", start, reference)["passed"]
+    leak = goal("causality", start, reference)
     assert not leak["passed"] and leak["leaking_positions"]
-    curve = capstone.loss_curve(start, reference, W)
+    curve = goal("loss_curve", start, reference)
     assert not curve["passed"] and curve["worst_error"] > 3 * curve["rtol"]
 
 
-def test_starting_code_fails_hygiene(start):
-    found = capstone.deprecations(start.folder, W)["warnings"]
+def test_starting_code_fails_hygiene(start, reference):
+    found = goal("deprecations", start, reference)["warnings"]
     assert any("torch.jit.script" in w for w in found) and any("torch.cpu.amp.autocast" in w for w in found)
-    breaks = capstone.graph_breaks(start, W)
+    breaks = goal("graph_breaks", start, reference)
     assert not breaks["passed"] and breaks["graph_breaks"] > 0
-    assert not capstone.deterministic_repeat(start, capstone.workload(steps=4))["passed"]
+    assert not goal("deterministic_repeat", start, reference, capstone.workload(steps=4))["passed"]
 
 
 def test_fixing_only_the_bug_matches_the_reference_curve(bug_fixed, reference):
-    curve = capstone.loss_curve(bug_fixed, reference, W)
-    assert curve["passed"], curve["worst_error"]
-    assert capstone.causality(bug_fixed, W)["passed"]
-    assert not capstone.batches_match(bug_fixed, reference, W)["passed"]
+    curve = goal("loss_curve", bug_fixed, reference)
+    assert curve["passed"], (curve["worst_error"], curve["trained_error"])
+    assert goal("causality", bug_fixed, reference)["passed"]
+    assert not goal("batches_match", bug_fixed, reference)["passed"]
+
+
+def test_a_changed_setting_that_barely_moves_the_loss_fails_the_curve(weight_decay_off, reference):
+    """Weight decay 0.01 -> 0: every loss within LOSS_RTOL's reach of the reference's, but the trained model's
+    predictions part from the reference's by more than TRAINED_RTOL of training's move."""
+    curve = goal("loss_curve", weight_decay_off, reference)
+    assert not curve["passed"] and curve["trained_error"] > 3 * curve["trained_rtol"], curve["trained_error"]
 
 
 def test_solution_passes_correctness_and_hygiene(reference):
-    model = capstone.trained(reference, reference, W)
-    for result in (capstone.causality(reference, W), capstone.batches_match(reference, reference, W),
-                   capstone.serving_agreement(reference, reference, W, model=model),
-                   capstone.deprecations(reference.folder, W), capstone.deterministic_repeat(reference, W),
-                   capstone.graph_breaks(reference, W)):
+    results = capstone.goals(["loss_curve", "causality", "batches_match", "serving_agreement", "deprecations",
+                              "deterministic_repeat", "graph_breaks"], reference, reference, reference, W)
+    for result in results:
         assert result["passed"], result
 
 
 def test_solution_is_smaller_and_lighter(reference, start):
-    size = capstone.served_size(reference, start, reference, W)
+    size, peak = capstone.goals(["served_size", "step_memory"], reference, start, reference, W)
     assert size["passed"] and size["ratio"] < 0.3, size
-    peak = capstone.step_memory(reference, start, W)
     assert peak["passed"], peak
 
 
+def test_a_dataset_kept_as_a_tensor_is_not_step_memory(reference, start):
+    """The transient peak is measured above what stays alive through the step: the solution keeps its token
+    ids in one tensor, which counted as step memory before (0.521 of the starting code's on this workload,
+    over the budget; 0.448 with the same ids in a numpy array)."""
+    peak = goal("step_memory", reference, reference, capstone.workload(seed=5, part=1, batch_size=8, seq_len=48),
+                start=start)
+    assert peak["passed"] and peak["resident_bytes"] > 0, peak
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("goal", ["train_speed", "serve_latency"])
-def test_solution_is_faster_in_paired_rounds(reference, start, goal):
+@pytest.mark.parametrize("name", capstone.TIMED)
+def test_solution_is_faster_in_paired_rounds(reference, start, name):
     """The solution is never judged slower, on one thread (on a busy machine, two threads each wait on the
     slower one); when the interval clears 1 the goal is passed. Judged once more when the interval was too wide
     to tell. The suite never asserts wall time: a loaded machine may leave the gain within noise (seen: 1.15x
     "within noise" twice, beside the suite's other worker)."""
     for _ in range(2):
-        result = getattr(capstone, goal)(reference, start, W, rounds=10, threads_used=1)
+        result = goal(name, reference, reference, start=start, rounds=10, threads_used=1)
         if result["verdict"] != "within noise":
             break
     assert result["verdict"] != "regression", result
@@ -120,19 +146,48 @@ def test_solution_is_faster_in_paired_rounds(reference, start, goal):
 
 
 def test_faster_but_nondeterministic_is_rejected(nondeterministic, reference):
-    assert not capstone.deterministic_repeat(nondeterministic, W)["passed"]
-    assert not capstone.batches_match(nondeterministic, reference, W)["passed"]
-    assert capstone.loss_curve(nondeterministic, reference, W)["passed"]     # the model itself is right
+    assert not goal("deterministic_repeat", nondeterministic, reference)["passed"]
+    assert not goal("batches_match", nondeterministic, reference)["passed"]
+    assert goal("loss_curve", nondeterministic, reference)["passed"]     # the model itself is right
 
 
 def test_smaller_but_inaccurate_is_rejected(coarse, reference, start):
-    model = capstone.trained(coarse, reference, W)
-    size = capstone.served_size(coarse, start, reference, W, model=model)
+    size, agreement = capstone.goals(["served_size", "serving_agreement"], coarse, start, reference, W)
     assert size["ratio"] <= size["budget"] and not size["passed"], size
     assert size["loss"] > size["fp32_loss"] * (1 + size["loss_rise_allowed"])
-    assert not capstone.serving_agreement(coarse, reference, W, model=model)["passed"]
+    assert not agreement["passed"], agreement
 
 
-def test_a_fix_for_the_visible_workload_only_fails_a_hidden_one(visible_only):
-    assert capstone.causality(visible_only, W)["passed"]
-    assert not capstone.causality(visible_only, capstone.workload(seed=3, seq_len=48))["passed"]
+def test_a_fix_for_the_visible_workload_only_fails_a_hidden_one(visible_only, reference):
+    assert goal("causality", visible_only, reference)["passed"]
+    assert not goal("causality", visible_only, reference, capstone.workload(seed=3, seq_len=48))["passed"]
+
+
+def rounds_result(name, start_rounds, project_rounds):
+    return capstone.speed_verdict(name, start_rounds, project_rounds)
+
+
+def test_a_report_claiming_a_gain_its_rounds_do_not_show_is_refused(tmp_path, reference):
+    """The report's point: each timed goal claimed, each claim what its own rounds give; an improvement the
+    grader measured as a regression is contradicted, one it could not confirm stands."""
+    noisy = [rounds_result(name, [1.0, 1.2, 0.9, 1.1], [1.05, 0.95, 1.0, 1.1]) for name in capstone.TIMED]
+    clear = [rounds_result(name, [2.0, 2.1, 1.9, 2.05], [1.0, 1.02, 0.98, 1.01]) for name in capstone.TIMED]
+    assert {r["verdict"] for r in noisy} == {"within noise"} and {r["verdict"] for r in clear} == {"improvement"}
+    report = json.loads(capstone.write_report(clear, tmp_path).read_text())
+
+    def judge(report, timed=None):
+        measured = {"found": report is not None, "claims": (report or {}).get("claims")}
+        return capstone.judged("report", measured, reference, W, {}, timed=timed)
+    assert judge(report)["passed"]
+    assert judge(report, {r["goal"]: r for r in noisy})["passed"]        # not confirmed there: stands
+    regressed = {r["goal"]: rounds_result(r["goal"], r["project_rounds"], r["start_rounds"]) for r in clear}
+    assert "the grader measured regression" in "; ".join(judge(report, regressed)["problems"])
+    typed = json.loads(capstone.write_report(noisy, tmp_path).read_text())
+    typed["claims"]["train_speed"]["verdict"] = "improvement"             # a verdict typed over its rounds
+    assert "its rounds give within noise" in judge(typed)["problems"][0]
+    inflated = json.loads(json.dumps(report))
+    inflated["claims"]["serve_latency"]["gain"] *= 1.5                     # a gain from another run
+    assert not judge(inflated)["passed"]
+    del report["claims"]["serve_latency"]
+    assert judge(report)["problems"] == ["serve_latency: no claim with " + ", ".join(capstone.CLAIMED)]
+    assert judge(None)["problems"] == ["no report.json in the project folder"]

@@ -53,7 +53,7 @@ from helpers.grading.report import feedback, scores_csv
 from helpers.grading.scan import RUNTIME_INTERNALS, interpreter_internals
 from helpers.grading.messages import UNREADABLE, frames
 from helpers.grading.specs import LabSpec, spec_for
-from helpers.grading.specs.core import CENTRAL_CAP
+from helpers.grading.specs.core import CENTRAL_CAP, SubmissionRefused
 from helpers.env import HEADLESS_ENV
 from helpers.processes import kill, memory_mb, process_tree
 
@@ -94,17 +94,29 @@ def _remove_what_dead_graders_left() -> None:
     isolation.remove_stale_cgroups()
 
 
-def find_submissions(folder: str | Path) -> dict[str, Path]:
-    """student name -> notebook: NAME.ipynb in the folder, or one .ipynb inside a folder NAME/. Names are made
-    safe (student_name); two submissions that would share a name (alice.ipynb and alice/) both stay, the later
-    one as NAME~2."""
+def _project_in(entry: Path) -> Path | None:
+    """A project folder (it holds __init__.py): the entry itself, or the first folder inside it that is one."""
+    for folder in [entry] + sorted(p for p in entry.iterdir() if p.is_dir() and not p.is_symlink()):
+        if (folder / "__init__.py").is_file():
+            return folder
+    return None
+
+
+def find_submissions(folder: str | Path, projects: bool = False) -> dict[str, Path]:
+    """student name -> notebook: NAME.ipynb in the folder, or one .ipynb inside a folder NAME/; with
+    `projects`, student name -> project folder: NAME/ holding __init__.py, or one folder inside NAME/ that
+    does. Names are made safe (student_name); two submissions that would share a name (alice.ipynb and
+    alice/) both stay, the later one as NAME~2."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder of submissions")
     found = {}
     for entry in sorted(folder.iterdir()):
         notebook = None
-        if entry.suffix == ".ipynb" and entry.is_file() and not entry.is_symlink():
+        if projects:
+            if entry.is_dir() and not entry.is_symlink() and entry.name != "graded":
+                notebook, raw = _project_in(entry), entry.name
+        elif entry.suffix == ".ipynb" and entry.is_file() and not entry.is_symlink():
             notebook, raw = entry, entry.stem
         elif entry.is_dir() and not entry.is_symlink() and entry.name not in ("graded", ".ipynb_checkpoints"):
             notebooks = sorted(p for p in entry.glob("*.ipynb") if p.is_file() and not p.is_symlink())
@@ -117,7 +129,8 @@ def find_submissions(folder: str | Path) -> dict[str, Path]:
             name = f"{student_name(raw)[:MAX_NAME - 4]}~{copy}"
         found[name] = notebook
     if not found:
-        raise ValueError(f"no submissions in {folder}: expected NAME.ipynb files or NAME/ folders with one .ipynb")
+        raise ValueError(f"no submissions in {folder}: expected " + ("NAME/ project folders (each with __init__.py)"
+                         if projects else "NAME.ipynb files or NAME/ folders with one .ipynb"))
     return found
 
 
@@ -263,15 +276,18 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
     remaining = [e.function for e in spec.exercises]
     faults, stops, skip, notes, results, flags, cell_errors, cell_cpu = {}, [], [], [], {}, set(), [], []
     cpu_used, wall_used, in_cgroups, wall_timeout, build_s, start_cpu = 0.0, 0.0, True, False, 0.0, 0.0
-    size_mb = notebook.stat().st_size / 2**20
     try:
-        if size_mb > MAX_NOTEBOOK_MB:
-            raise ValueError(f"it is {size_mb:.0f} MB, more than the {MAX_NOTEBOOK_MB} MB a submission may be: "
-                             "clear its outputs before you hand it in")
-        text = notebook.read_text()
+        if spec.submission is not None:   # a project folder: the notebook that measures it
+            text = spec.submission(notebook)
+        elif notebook.stat().st_size > MAX_NOTEBOOK_MB * 2**20:
+            raise SubmissionRefused(f"it is {notebook.stat().st_size / 2**20:.0f} MB, more than the {MAX_NOTEBOOK_MB} MB a "
+                             f"submission may be: clear its outputs before you hand it in")
+        else:
+            text = notebook.read_text()
         nbformat.validate(nbformat.reads(text, as_version=4))
-    except Exception as exc:   # too large, not JSON, not a notebook: nothing to run
-        why = str(exc) if size_mb > MAX_NOTEBOOK_MB else f"the submission is not a valid notebook ({type(exc).__name__})"
+    except Exception as exc:   # too large, not JSON, not a notebook, a project lacking a file: nothing to run
+        why = str(exc) if isinstance(exc, SubmissionRefused) else \
+            f"the submission is not a valid notebook ({type(exc).__name__})"
         faults = {name: why for name in remaining}
         stops, remaining = ["malformed notebook"], []
     scratch = _scratch_folders(spec, isolated)
@@ -378,7 +394,7 @@ def measure_reference(spec: LabSpec, inputs: dict, *, threads: int, memory_limit
               "cell_cpu_seconds": {}, "cell_cpu_default": GENEROUS["cell_cpu_s"], "start_cpu_seconds": GENEROUS["cell_cpu_s"],
               "process_cpu_seconds": GENEROUS["budget_cpu_s"],
               "budget_cpu_seconds": GENEROUS["budget_cpu_s"], "wall_seconds": wall_seconds}
-    run = run_submission(SOLUTIONS / f"{spec.lab}.ipynb", spec, inputs, limits, threads=threads,
+    run = run_submission(SOLUTIONS / (spec.solution or f"{spec.lab}.ipynb"), spec, inputs, limits, threads=threads,
                          memory_limit_mb=memory_limit_mb, isolated=isolated, protected=[])
     calls = {name: max((c.get("cpu_seconds", 0.0) for c in run["results"].get(name, {}).get("cases", [])),
                        default=0.0) for name in functions}
@@ -433,7 +449,7 @@ def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dic
             lines.append(f"❌ {ex.title}: no function named {ex.function} was defined")
         else:
             for case, exp, result in zip(cases[ex.function], expected[ex.function], got["cases"]):
-                problem = judge_case(ex, case, exp, result)
+                problem = judge_case(ex, case, exp, result, run["results"])
                 label = f"{ex.title}: {case.name}" + (" (hidden check)" if case.hidden else "")
                 if problem is not None and case.hidden:   # say so on the first line, before the hint
                     first, _, rest = problem.partition("\n")
@@ -479,7 +495,7 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
 
     from helpers.runner.execute import default_workers
     spec = spec_for(lab)
-    found = find_submissions(submissions)
+    found = find_submissions(submissions, projects=spec.submission is not None)
     out = Path(out_dir) if out_dir else Path(submissions) / "graded"
     if any(p.is_symlink() or p.exists() and not p.is_dir() for p in (out, out / "feedback")):
         raise ValueError(f"{out} or its feedback folder is a symbolic link or a file (a submission may have "
@@ -512,8 +528,8 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
         try:
             run = run_submission(notebook, spec, inputs, limits, threads=threads, memory_limit_mb=memory_limit_mb,
                                  isolated=problem is None, protected=protected)
-            internals = [] if run["stops"] == ["malformed notebook"] else \
-                interpreter_internals(notebook.read_text(errors="replace"))
+            internals = [] if run["stops"] == ["malformed notebook"] or spec.submission is not None else \
+                interpreter_internals(notebook.read_text(errors="replace"))   # a project's goals forbid nothing
             internals += [f.removeprefix(RUNTIME_INTERNALS).strip() + " (compiled at run time)" for f in run["flags"]
                           if f.startswith(RUNTIME_INTERNALS)]
             row = grade_one(student, run, spec, cases, expected, isolation.row_isolation(problem, run["cgroup"]),

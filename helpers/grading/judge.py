@@ -42,8 +42,9 @@ def _returned(value):
     return value
 
 
-def judge_case(exercise: Exercise, case: Case, expected, got: dict) -> str | None:
-    """None when the case passes, else the feedback line (problem and hint). Runs in the grader."""
+def judge_case(exercise: Exercise, case: Case, expected, got: dict, results: dict | None = None) -> str | None:
+    """None when the case passes, else the feedback line (problem and hint). Runs in the grader. `results`:
+    every exercise's results from the same run, for a judge that compares with another goal's measure."""
     what = f"{exercise.title}: {case.name}"
     if RECORDER_OFF in got["torch_calls"] or got.get("tampered"):
         return (f"❌ {what}: the grader could not trust its record of this call: its recorder or harness was "
@@ -79,6 +80,8 @@ def judge_case(exercise: Exercise, case: Case, expected, got: dict) -> str | Non
                 return f"❌ {what}: ran past the time limit and was stopped\n   Hint: look for a loop that never ends"
             return (f"❌ {what}: raised {plain_name(raised['type'])}: {untrusted(raised['message'])}\n"
                     f"   Hint: {case.hint or 'run the function on this kind of input in your notebook'}")
+        if exercise.judge is not None:
+            return exercise.judge(exercise, case, got["value"], results or {})
         with _quiet():
             _compare(_returned(got["value"]), expected, what, case)
     except CheckFailed as failed:

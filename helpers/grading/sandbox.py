@@ -188,6 +188,7 @@ def _sender(fd: int):
 
 
 WATCHED = ("sys.setprofile", "sys.getprofile", "threading.setprofile", "torch.save", "os.write",
+           "time.perf_counter", "time.process_time",
            "TorchFunctionMode.__enter__", "TorchFunctionMode.__exit__",
            "TorchDispatchMode.__enter__", "TorchDispatchMode.__exit__")
 
@@ -200,7 +201,7 @@ def _roots() -> dict:
 
     import helpers.grading.harnesses as harnesses
     import helpers.grading.judge as judge
-    return {"sys": sys, "threading": threading, "torch": torch, "os": os, "io": io, "pickle": pickle,
+    return {"sys": sys, "threading": threading, "torch": torch, "os": os, "io": io, "pickle": pickle, "time": time,
             "TorchFunctionMode": torch.overrides.TorchFunctionMode,
             "TorchDispatchMode": torch.utils._python_dispatch.TorchDispatchMode,
             **{m.__name__: m for m in _harness_modules()}, harnesses.__name__: harnesses, judge.__name__: judge,
@@ -208,12 +209,12 @@ def _roots() -> dict:
 
 
 def _harness_modules() -> tuple:
-    """The modules whose functions call the learner's code: the checks' core, the recorder and each lab's
-    harnesses."""
+    """The modules whose functions call the learner's code: the checks' core, the recorder, each lab's
+    harnesses and the course modules they measure with."""
     import helpers.grading.checks as checks
     import helpers.grading.recorder as recorder
-    from helpers.grading.harnesses import MODULES
-    return (checks, recorder, *MODULES)
+    from helpers.grading.harnesses import MEASURING, MODULES
+    return (checks, recorder, *MODULES, *MEASURING)
 
 
 def _originals() -> tuple:

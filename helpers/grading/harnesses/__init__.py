@@ -4,6 +4,8 @@ value cannot show (FLOPs, host reads, threads, saved activations), and the objec
 They run in the learner's process, so nothing here may hold a reference answer (those are in
 helpers/grading/specs/, which the sandbox does not see). Harnesses every lab may use are in
 helpers/grading/checks.py."""
-from helpers.grading.harnesses import lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09
+from helpers import capstone, memory
+from helpers.grading.harnesses import lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10
 
-MODULES = (lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09)
+MODULES = (lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10)
+MEASURING = (capstone, memory)   # course modules a harness measures with: watched like the harnesses

@@ -12,6 +12,10 @@ import torch
 CENTRAL_CAP = 0.25    # the most of an exercise's points an answer that misses its central point keeps
 
 
+class SubmissionRefused(ValueError):
+    """A submission the grader does not run, with what to do about it (too large, a project lacking a file)."""
+
+
 @dataclass(frozen=True)
 class Case:
     name: str                          # what is checked, shown in the feedback
@@ -52,6 +56,10 @@ class Exercise:
                                        # exercise's cases run, the learner's global `name` (an earlier
                                        # exercise's function) is that function, so an earlier mistake costs
                                        # marks in its own exercise only
+    judge: Callable | None = None      # judge(exercise, case, value, results) -> None (passed) or the feedback
+                                       # line (results: the run's other exercises' results, as sent back):
+                                       # for a goal measured in the sandbox and decided here (the capstone),
+                                       # in place of comparing with the reference's result
 
 
 @dataclass(frozen=True)
@@ -60,3 +68,6 @@ class LabSpec:
     exercises: tuple[Exercise, ...]
     allow_processes: bool = False      # True for labs whose code starts processes (Triton, torch.compile
                                        # workers, C++ builds); a submission could then read files that way
+    submission: Callable | None = None   # graded on a project folder: submission(folder) -> the notebook the
+                                       # sandbox runs for it (SubmissionRefused says what the folder lacks)
+    solution: str = ""                 # what the grader grades first, under labs/solutions/ (default LAB.ipynb)
