@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import checks, memory
-from helpers.validation import stats
+from helpers.validation import stats, workloads
 
 REPO = Path(__file__).resolve().parents[1]
 START = REPO / "labs" / "10_capstone"
@@ -289,11 +289,15 @@ def _export_and_load(project, model, folder) -> tuple[object, int]:
 
 # --- Speed ----------------------------------------------------------------------------------------------
 
-def paired_rounds(run_a, run_b, rounds: int, calls: int, settle: float = 0.05) -> tuple[list[float], list[float]]:
+def paired_rounds(run_a, run_b, rounds: int, calls: int, settle: float = 0.05) -> tuple[list[float], list[float], str]:
     """Each round times `calls` calls of each side back to back, A first in even rounds and B first in odd
     ones, with `settle` seconds before each side (what one side left running in the background, a loader's
     worker processes refilling their queue, must not be timed as the other's); returns each side's per-round
-    medians in seconds, round i of A paired with round i of B."""
+    medians in seconds, round i of A paired with round i of B, and the clock: the process's CPU time at one
+    intra-op thread, as the validation pipeline times (helpers.validation.workloads.timing_clock: time spent
+    descheduled by other work on the machine does not count), else wall time."""
+    clock = workloads.timing_clock(torch.device("cpu"))
+    now = time.process_time if clock == "cpu" else time.perf_counter
     medians = {"a": [], "b": []}
     for r in range(rounds):
         for side in ("ab" if r % 2 == 0 else "ba"):
@@ -301,11 +305,11 @@ def paired_rounds(run_a, run_b, rounds: int, calls: int, settle: float = 0.05) -
             time.sleep(settle)
             times = []
             for _ in range(calls):
-                t0 = time.perf_counter()
+                t0 = now()
                 run()
-                times.append(time.perf_counter() - t0)
+                times.append(now() - t0)
             medians[side].append(statistics.median(times))
-    return medians["a"], medians["b"]
+    return medians["a"], medians["b"], clock
 
 
 def speed_verdict(goal: str, medians_a: list[float], medians_b: list[float]) -> dict:
@@ -349,7 +353,7 @@ def measure_train_speed(project, start, w: dict, given: dict, rounds: int = 6, c
         for _ in range(warmup):
             a.step()
             b.step()
-        return dict(zip(("start", "project"), paired_rounds(a.step, b.step, rounds, calls)),
+        return dict(zip(("start", "project", "clock"), paired_rounds(a.step, b.step, rounds, calls)),
                     threads=torch.get_num_threads())
 
 
@@ -367,7 +371,8 @@ def measure_serve_latency(project, start, w: dict, given: dict, rounds: int = 6,
     with threads(threads_used):
         for run in runs * warmup:
             run()
-        return dict(zip(("start", "project"), paired_rounds(*runs, rounds, calls)), threads=torch.get_num_threads())
+        return dict(zip(("start", "project", "clock"), paired_rounds(*runs, rounds, calls)),
+                    threads=torch.get_num_threads())
 
 
 def _judge_speed(goal: str):
@@ -375,7 +380,7 @@ def _judge_speed(goal: str):
         a, b = ([float(t) for t in measured[side]] for side in ("start", "project"))
         if len(a) != len(b) or len(a) < 2 or min(a + b) <= 0:
             raise ValueError(f"rounds that cannot be paired: {len(a)} and {len(b)} medians")
-        return speed_verdict(goal, a, b) | {"threads": int(measured["threads"])}
+        return speed_verdict(goal, a, b) | {"threads": int(measured["threads"]), "clock": str(measured["clock"])}
     judge.__doc__ = f"The {goal} gain of the project over the starting code: the pipeline's paired verdict."
     return judge
 

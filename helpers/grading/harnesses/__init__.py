@@ -5,7 +5,8 @@ They run in the learner's process, so nothing here may hold a reference answer (
 helpers/grading/specs/, which the sandbox does not see). Harnesses every lab may use are in
 helpers/grading/checks.py."""
 from helpers import capstone, memory
+from helpers.ext import lab as ext_lab
 from helpers.grading.harnesses import lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10
 
 MODULES = (lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10)
-MEASURING = (capstone, memory)   # course modules a harness measures with: watched like the harnesses
+MEASURING = (capstone, memory, ext_lab)   # course modules a harness measures with: watched like the harnesses
