@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.utils.benchmark as tbench
 
 from helpers.device import SECTIONS, capabilities, pick_device, synchronize
 from helpers.env import FIGURES_LOG_ENV
@@ -56,9 +57,6 @@ def compare(candidates: dict[str, Callable[[], object]], *, baseline: str | None
         raise ValueError("repeats must be >= 1")
     device = torch.device(device)
     threads = threads or torch.get_num_threads()
-    # imported here, not with this module: torch.utils.benchmark imports cpp_extension, which on a machine with
-    # a CUDA toolkit and no CUDA runtime logs a warning to stderr; modules that only import bench stay quiet
-    import torch.utils.benchmark as tbench
     timers = {}
     for name, fn in candidates.items():
         for _ in range(warmup):
