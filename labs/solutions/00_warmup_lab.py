@@ -45,6 +45,7 @@ import torch
 from helpers.device import pick_device, quick_mode
 from helpers.grading.checks import check
 from helpers.interactive import predict, reveal
+from helpers.memory import tensors_made
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -162,8 +163,6 @@ reveal(overflow_guess, first_inf,
 
 # %%
 import math
-
-from helpers.memory import tensors_made
 
 x16 = torch.randn(8, 4096, device=DEVICE).half()
 x16[3] *= 1000
