@@ -297,7 +297,7 @@ def paired_rounds(run_a, run_b, rounds: int, calls: int, settle: float = 0.05) -
     intra-op thread, as the validation pipeline times (helpers.validation.workloads.timing_clock: time spent
     descheduled by other work on the machine does not count), else wall time."""
     clock = workloads.timing_clock(torch.device("cpu"))
-    now = time.process_time if clock == "cpu" else time.perf_counter
+    now = workloads.cpu_seconds if clock == "cpu" else time.perf_counter
     medians = {"a": [], "b": []}
     for r in range(rounds):
         for side in ("ab" if r % 2 == 0 else "ba"):

@@ -20,6 +20,11 @@ import time
 import warnings
 import weakref
 
+try:
+    import resource
+except ImportError:        # Windows
+    resource = None
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -81,13 +86,24 @@ class Timed(list):
     clock: str
 
 
+def cpu_seconds() -> float:
+    """The process's CPU time, every thread, user and system, from getrusage (microseconds). Not
+    time.process_time: while a CPU-time limit is set (RLIMIT_CPU, as the grader's sandbox sets) Linux reads
+    that clock from the process's sampled CPU timer, and a 0.6 ms call measured 0.0 (here, and in the
+    sandbox: every round of a batch-1 serving call); getrusage still gave 0.63 ms."""
+    if resource is None:
+        return time.process_time()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timing_clock(device: torch.device) -> str:
     """"cpu" where a call's CPU time is its cost: on the CPU at one thread (time the call spends descheduled by
     other work on the machine does not count); "wall" elsewhere (a GPU's time, or several threads whose CPU
     times add up). Chosen because it lowered the measured noise: A/A rounds of the quick workloads on 2 busy
     cores, interleaved, median per-pair spread 0.091 for CPU time at one thread against 0.133 for wall time at
     one thread and 0.32 at two threads (10 pairs each)."""
-    precise = time.get_clock_info("process_time").resolution <= 1e-6
+    precise = resource is not None or time.get_clock_info("process_time").resolution <= 1e-6
     return "cpu" if device.type == "cpu" and torch.get_num_threads() == 1 and precise else "wall"
 
 
@@ -105,10 +121,10 @@ def sample_calls(candidates: dict, device: torch.device, n: int, warmup: int = 2
     for i in range(n):
         for name in names[i % len(names):] + names[:i % len(names)]:
             synchronize(device)
-            wall, cpu = time.perf_counter(), time.process_time()
+            wall, cpu = time.perf_counter(), cpu_seconds()
             candidates[name]()
             synchronize(device)
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
             samples[name].append(cpu if clock == "cpu" else wall)
             samples[name].wall.append(wall)
     return samples
