@@ -12,7 +12,7 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell
 
-from helpers.grading.grade import grade_submissions, judge_case
+from helpers.grading.grade import find_submissions, grade_submissions, judge_case
 from helpers.grading.specs import Case, spec_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -248,8 +248,10 @@ def test_lab_03_expert_ffn_on_a_wrong_fallback_keeps_its_marks():
 def test_unknown_lab_and_missing_folder_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="no grading spec for lab 'nope'"):
         spec_for("nope")
-    with pytest.raises(ValueError, match="graded on a project folder"):
-        spec_for("10_capstone_lab")
+    assert spec_for("10_capstone_lab").submission is not None       # graded on project folders
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(ValueError, match="expected NAME/ project folders"):
+        find_submissions(tmp_path, projects=True)
     done = subprocess.run([sys.executable, "-m", "helpers", "grade", "00_warmup_lab", str(tmp_path / "none")],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 2 and "is not a folder of submissions" in done.stderr

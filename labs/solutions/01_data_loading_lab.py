@@ -246,9 +246,7 @@ print(f"ordered_map, 4 threads (default):   {len(pulled)} of 1000 items taken be
 # %% [markdown]
 # What the read-ahead costs in time, with a consumer that takes a step per result and items of uneven cost
 # (every fourth takes six times as long): the same 48 items through your `ordered_map` at three read-aheads,
-# with 4 workers. The items and the step sleep, so a busy machine moves the times less than it moves
-# computing work; each read-ahead runs three times, interleaved with the others (about 3 s in all), and its
-# line gives the median and the range.
+# with 4 workers; each runs three times, interleaved, and its line gives the median and the range.
 
 # %%
 def uneven_item(i, rng):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import nbformat
 import torch
 
 from helpers import capstone
@@ -50,6 +49,7 @@ def project_files(folder: Path) -> dict[str, str]:
 def project_notebook(folder: Path) -> str:
     """The notebook the sandbox runs for a project: one cell that writes the project's files and the starting
     code's, imports both, and defines each goal's measure on the project."""
+    import nbformat   # here: a lab's check() imports every spec, and the GPU check runs labs without Jupyter
     source = ("from helpers.grading.harnesses.lab10 import install, measures\n"
               f"project, start = install({project_files(folder)!r}, {project_files(capstone.START)!r})\n"
               "globals().update(measures(project, start))\n")
