@@ -60,6 +60,7 @@ CAUSAL_ATOL = 1e-5          # logits before a changed token may move by float no
 HELD_OUT = 512              # held-out prompts (the other corpus slice): the served size's quality floor
 SERVE_PROMPTS = 256         # ... the first of them: serving agreement
 TRAIN_PROMPTS = 16          # ... the first of them: the trained models compared (loss_curve)
+MAX_ROUNDS = 1000           # the most paired rounds a timed goal's judge reads
 BATCHES_COMPARED = 4        # make_batches' first batches compared with the documented ones
 
 _loaded = itertools.count()
@@ -133,8 +134,7 @@ def reference_inputs(reference, w: dict, prompts: int = HELD_OUT) -> dict:
 def measure_training(project, start, w: dict, given: dict) -> dict:
     """The project trained on the given batches with deterministic algorithms: its losses; its trained
     logits on the first TRAIN_PROMPTS prompts; its trained weights; and that model served (export, load): the
-    served next-token logits on every prompt, the file's bytes, and the starting code's file for the same
-    sizes (or what serving raised)."""
+    served next-token logits on every prompt and the file's bytes (or what serving raised)."""
     with deterministic():
         trainer = project.train.make_trainer(config(project, w), iter(given["batches"]), w["seed"], w["lr"])
         losses = [trainer.step() for _ in range(w["steps"])]
@@ -146,9 +146,6 @@ def measure_training(project, start, w: dict, given: dict) -> dict:
         with tempfile.TemporaryDirectory() as folder:
             served, measured["served_bytes"] = _export_and_load(project, model, folder)
             measured["served_logits"] = project.serve.next_token_logits(served, given["prompts"]).float()
-        with tempfile.TemporaryDirectory() as folder:
-            measured["start_bytes"] = _export_and_load(start, start.model.build_model(config(start, w), w["seed"]),
-                                                       folder)[1]
     except Exception as error:
         measured["serving_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
     return measured
@@ -184,8 +181,8 @@ def judge_loss_curve(measured: dict, reference, w: dict, given: dict, rtol: floa
     tanh one) but moves what training learns, which the trained logits show. Logits, not parameters: a
     softmax ignores the key projection's bias, whose gradient is then rounding noise that AdamW scales to
     full steps, so correct ports' parameters part by as much as a small change of behaviour moves them."""
+    losses = _numbers(measured["losses"], w["steps"])
     theirs = _reference_training(reference, w, given)
-    losses = [float(v) for v in measured["losses"]]
     if len(losses) != len(theirs["losses"]):
         raise ValueError(f"{len(losses)} losses for {len(theirs['losses'])} steps")
     errors = [abs(a - b) / abs(b) for a, b in zip(losses, theirs["losses"])]
@@ -221,7 +218,10 @@ def measure_causality(project, start, w: dict, given: dict, positions: int = 4, 
 
 def judge_causality(measured: dict, reference, w: dict, given: dict) -> dict:
     """The planted bug's goal: no position leaks."""
-    return {"goal": "causality", "passed": not measured["leaking_positions"], **measured}
+    leaks = measured["leaking_positions"]
+    if not isinstance(leaks, dict):
+        raise ValueError("leaking_positions is not a dict")
+    return {**measured, "goal": "causality", "passed": not leaks}
 
 
 def measure_batches(project, start, w: dict, given: dict, steps: int = BATCHES_COMPARED) -> dict:
@@ -236,6 +236,8 @@ def judge_batches(measured: dict, reference, w: dict, given: dict, steps: int = 
     """The project's make_batches gives the documented batches: the reference's, in order."""
     theirs = reference_batches(reference, w, steps)
     mine = measured["batches"]
+    if not isinstance(mine, (list, tuple)) or len(mine) > steps:
+        raise ValueError(f"expected a list of at most {steps} batches")
     same = [isinstance(m, (list, tuple)) and len(m) == 2 and all(
         isinstance(a, torch.Tensor) and a.shape == b.shape and torch.equal(a, b) for a, b in zip(m, t))
         for m, t in zip(mine, theirs)]
@@ -262,18 +264,41 @@ def judge_serving_agreement(measured: dict, reference, w: dict, given: dict, rto
             "rtol": rtol, "top1_agreement": agree, "agreement_needed": agreement}
 
 
+_START_FILES: dict[str, int] = {}
+
+
+def _start_file_bytes(w: dict) -> int:
+    """The bytes of the file the starting code exports for the workload's model, made where the judge runs
+    (the starting code is the course's own: a submission's process never reports it)."""
+    if repr(w) not in _START_FILES:
+        start = load_project(START)
+        with tempfile.TemporaryDirectory() as folder:
+            _START_FILES[repr(w)] = _export_and_load(start, start.model.build_model(config(start, w), w["seed"]),
+                                                     folder)[1]
+    return _START_FILES[repr(w)]
+
+
+def _numbers(values, most: int) -> list[float]:
+    """A returned sequence of at most `most` numbers, as floats (a judge never iterates anything larger)."""
+    if not isinstance(values, (list, tuple)) or len(values) > most:
+        raise ValueError(f"expected a list of at most {most} numbers")
+    return [float(v) for v in values]
+
+
 def judge_served_size(measured: dict, reference, w: dict, given: dict, budget: float = BYTES_BUDGET,
                       loss_rise: float = LOSS_RISE, drop: float = ACCURACY_DROP) -> dict:
     """The served file's bytes under `budget` x the starting code's file for the same model, at a quality
     floor on every held-out prompt: the next-token cross-entropy at most `loss_rise` (relative) above the
     float32 model's, and the top-1 accuracy at most `drop` below it."""
     _served(measured)
+    if int(measured["served_bytes"]) <= 0:
+        raise ValueError(f"a served file of {int(measured['served_bytes'])} bytes")
     x, y = given["prompts"], given["next_tokens"]
     expected = _fp32_logits(reference, measured["state"], w, x)
     got = measured["served_logits"].float().reshape(expected.shape)
     loss, fp32_loss = (float(F.cross_entropy(logits, y)) for logits in (got, expected))
     accuracy, fp32_accuracy = (float((logits.argmax(-1) == y).float().mean()) for logits in (got, expected))
-    size, start_size = int(measured["served_bytes"]), int(measured["start_bytes"])
+    size, start_size = int(measured["served_bytes"]), _start_file_bytes(w)
     ratio = size / start_size
     floor = loss <= fp32_loss * (1 + loss_rise) and accuracy >= fp32_accuracy - drop
     return {"goal": "served_size", "passed": ratio <= budget and floor, "bytes": size, "start_bytes": start_size,
@@ -377,7 +402,7 @@ def measure_serve_latency(project, start, w: dict, given: dict, rounds: int = 6,
 
 def _judge_speed(goal: str):
     def judge(measured: dict, reference, w: dict, given: dict) -> dict:
-        a, b = ([float(t) for t in measured[side]] for side in ("start", "project"))
+        a, b = (_numbers(measured[side], MAX_ROUNDS) for side in ("start", "project"))
         if len(a) != len(b) or len(a) < 2 or min(a + b) <= 0:
             raise ValueError(f"rounds that cannot be paired: {len(a)} and {len(b)} medians")
         return speed_verdict(goal, a, b) | {"threads": int(measured["threads"]), "clock": str(measured["clock"])}
@@ -435,6 +460,8 @@ def measure_step_memory(project, start, w: dict, given: dict) -> dict:
 def judge_step_memory(measured: dict, reference, w: dict, given: dict, budget: float = MEMORY_BUDGET) -> dict:
     """A training step's transient peak (step_peaks) under `budget` x the starting code's on the same workload."""
     mine, theirs = measured["project"], measured["start"]
+    if min(mine["transient_peak_bytes"], theirs["transient_peak_bytes"]) <= 0:
+        raise ValueError("a transient peak of zero bytes or fewer")
     ratio = mine["transient_peak_bytes"] / theirs["transient_peak_bytes"]
     return {"goal": "step_memory", "passed": ratio <= budget, "ratio": ratio, "budget": budget,
             "transient_peak_bytes": mine["transient_peak_bytes"], "peak_bytes": mine["peak_bytes"],
@@ -469,7 +496,7 @@ def measure_deprecations(project, start, w: dict, given: dict, steps: int = 2) -
     finally:
         torch.set_warn_always(warn_always)
     for c in caught:
-        line = f"{c.category.__name__}: {str(c.message).splitlines()[0]}"
+        line = f"{c.category.__name__}: {str(c.message).splitlines()[0][:300]}"
         if _is_torch_deprecation(c) and line not in found:
             found.append(line)
     return {"warnings": found}
@@ -488,9 +515,15 @@ def measure_repeat(project, start, w: dict, given: dict) -> dict:
                                            w["seed"], w["lr"])[1] for _ in range(2)]}
 
 
+def _sequence(values, most: int) -> list:
+    if not isinstance(values, (list, tuple)) or len(values) > most:
+        raise ValueError(f"expected a list of at most {most}")
+    return list(values)
+
+
 def judge_repeat(measured: dict, reference, w: dict, given: dict) -> dict:
     """The same losses, bit for bit, for every step."""
-    runs = [[float(v) for v in run] for run in measured["losses"]]
+    runs = [_numbers(run, w["steps"]) for run in _sequence(measured["losses"], 2)]
     differ = [i for i, (a, b) in enumerate(zip(*runs)) if a != b]
     return {"goal": "deterministic_repeat", "passed": len(runs) == 2 and not differ
             and len(runs[0]) == len(runs[1]) == w["steps"], "first_differing_step": differ[0] if differ else None,
@@ -507,16 +540,17 @@ def measure_graph_breaks(project, start, w: dict, given: dict) -> dict:
     try:
         explained = torch._dynamo.explain(project.train.loss_fn)(model, ids[:, :-1], ids[:, 1:])
     except Exception as error:
-        return {"graph_breaks": None, "graphs": None, "reasons": [f"{type(error).__name__}: {str(error).splitlines()[0]}"]}
+        return {"graph_breaks": None, "graphs": None, "reasons": [f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"]}
     finally:
         torch._dynamo.reset()
     return {"graph_breaks": explained.graph_break_count, "graphs": explained.graph_count,
-            "reasons": list(dict.fromkeys(str(b.reason).splitlines()[0] for b in explained.break_reasons))}
+            "reasons": list(dict.fromkeys(str(b.reason).splitlines()[0][:300] for b in explained.break_reasons))[:20]}
 
 
 def judge_graph_breaks(measured: dict, reference, w: dict, given: dict) -> dict:
     """One graph, no break."""
-    return {"goal": "graph_breaks", "passed": measured["graph_breaks"] == 0, **measured}
+    return {**measured, "goal": "graph_breaks", "passed": type(measured["graph_breaks"]) is int
+            and measured["graph_breaks"] == 0}
 
 
 # --- The learner's report -------------------------------------------------------------------------------
@@ -560,7 +594,7 @@ def judge_report(measured: dict, reference, w: dict, given: dict, timed: dict | 
         if not isinstance(claim, dict) or set(CLAIMED) - set(claim):
             problems.append(f"{goal}: no claim with {', '.join(CLAIMED)}")
             continue
-        rounds = [[float(t) for t in claim[side]] for side in ("start_rounds", "project_rounds")]
+        rounds = [_numbers(claim[side], MAX_ROUNDS) for side in ("start_rounds", "project_rounds")]
         own = speed_verdict(goal, *rounds)
         if claim["verdict"] != own["verdict"] or any(
                 not math.isclose(float(claim[k]), own[k], rel_tol=1e-6) for k in ("gain", "low", "high")):
@@ -575,10 +609,11 @@ def judge_report(measured: dict, reference, w: dict, given: dict, timed: dict | 
 
 # --- Every goal -----------------------------------------------------------------------------------------
 
-# goal -> (measure, judge); goals that share a measure (training feeds three) are measured once by grade()
-GOALS = {"loss_curve": (measure_training, judge_loss_curve),
+# goal -> (measure, judge), in the order the grader measures them; goals that share a measure (training feeds
+# three) are measured once by grade()
+GOALS = {"batches_match": (measure_batches, judge_batches),     # first: training hands the project the batches
+         "loss_curve": (measure_training, judge_loss_curve),
          "causality": (measure_causality, judge_causality),
-         "batches_match": (measure_batches, judge_batches),
          "serving_agreement": (measure_training, judge_serving_agreement),
          "served_size": (measure_training, judge_served_size),
          "train_speed": (measure_train_speed, judge_train_speed),

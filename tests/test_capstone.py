@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from helpers import capstone
 
@@ -206,3 +207,18 @@ def test_a_report_claiming_a_gain_its_rounds_do_not_show_is_refused(tmp_path, re
     del report["claims"]["serve_latency"]
     assert judge(report)["problems"] == ["serve_latency: no claim with " + ", ".join(capstone.CLAIMED)]
     assert judge(None)["problems"] == ["no report.json in the project folder"]
+
+
+def test_a_forged_measurement_fails_its_goal_without_costing_the_grader(reference):
+    """What a measure returns comes from the submission's process: a judge reads it as data, bounded, and
+    decides itself (a 'passed' sent along counts for nothing; sizes come from the judge's own starting code)."""
+    huge = torch.zeros(10**7, dtype=torch.uint8)      # iterated, one tensor object per element
+    assert "expected a list" in capstone.judged("loss_curve", {"losses": huge, "logits": huge}, reference, W, {})["error"]
+    leak = capstone.judged("causality", {"leaking_positions": {"3": 1.0}, "passed": True}, reference, W, {})
+    assert leak["passed"] is False
+    assert not capstone.judged("graph_breaks", {"graph_breaks": torch.zeros(()), "passed": True}, reference, W, {})["passed"]
+    size = capstone.judged("served_size", {"served_bytes": 0, "start_bytes": 3, "state": {}, "served_logits": huge},
+                           reference, W, {"prompts": None, "next_tokens": None})
+    assert not size["passed"] and "0 bytes" in size["error"]
+    speed = capstone.judged("train_speed", {"start": huge, "project": huge, "threads": 1, "clock": "cpu"}, reference, W, {})
+    assert "expected a list" in speed["error"]

@@ -2,7 +2,7 @@
 runs each goal's measure on a submitted project in the sandbox and judges what comes back in the grader, where
 the reference is. A class of four, on the goals that need no timing, each on its first workload: the solution
 (with the report recorded in its folder) earns every point, the starting code only what it already earns, the planted bug fixed alone what that fixes,
-and a project that replaces the clock during a call nothing."""
+and a project that replaces the clock during a call nothing from then on."""
 import dataclasses
 import shutil
 
@@ -45,8 +45,14 @@ def test_submissions_are_project_folders_or_one_inside_a_folder(tmp_path):
     project(capstone.START, tmp_path / "bob" / "my_capstone")
     (tmp_path / "carol").mkdir()
     (tmp_path / "carol" / "notes.txt").write_text("no project here")
+    project(capstone.START, tmp_path / "dan" / "10_capstone")
+    project(capstone.START, tmp_path / "dan" / "my_capstone")
     found = find_submissions(tmp_path, projects=True)
-    assert found == {"alice": tmp_path / "alice", "bob": tmp_path / "bob" / "my_capstone"}
+    # carol and dan get a row that says what is missing (no project; two, and which one is not guessed)
+    assert found == {"alice": tmp_path / "alice", "bob": tmp_path / "bob" / "my_capstone",
+                     "carol": tmp_path / "carol", "dan": tmp_path / "dan"}
+    with pytest.raises(SubmissionRefused, match="no __init__.py"):
+        lab10.project_files(found["dan"])
 
 
 def test_every_goal_gets_the_same_hidden_workloads_and_another_seed_other_ones():
@@ -103,8 +109,10 @@ def test_fixing_the_planted_bug_alone_earns_what_it_fixes(graded):
 
 
 @pytest.mark.slow
-def test_a_project_that_replaces_the_clock_earns_nothing(graded):
+def test_a_project_that_replaces_the_clock_earns_nothing_after_it_did(graded):
+    """Its build_model replaces time.perf_counter: the documented batches, measured before any model is built,
+    keep their point; every goal after it counts for nothing."""
     row = graded[0]["clock"]
-    assert row["total"] == 0, row["lines"]
+    assert {goal for goal, score in scores(row).items() if score} == {"the documented batches"}, row["lines"]
     assert all("could not trust" in line for line in row["lines"] if line.startswith("❌")), row["lines"]
     assert "time.perf_counter" in (graded[1] / "feedback" / "clock.md").read_text()

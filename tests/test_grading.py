@@ -249,7 +249,7 @@ def test_unknown_lab_and_missing_folder_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="no grading spec for lab 'nope'"):
         spec_for("nope")
     assert spec_for("10_capstone_lab").submission is not None       # graded on project folders
-    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes.txt").write_text("no folder here")
     with pytest.raises(ValueError, match="expected NAME/ project folders"):
         find_submissions(tmp_path, projects=True)
     done = subprocess.run([sys.executable, "-m", "helpers", "grade", "00_warmup_lab", str(tmp_path / "none")],

@@ -94,12 +94,14 @@ def _remove_what_dead_graders_left() -> None:
     isolation.remove_stale_cgroups()
 
 
-def _project_in(entry: Path) -> Path | None:
-    """A project folder (it holds __init__.py): the entry itself, or the first folder inside it that is one."""
-    for folder in [entry] + sorted(p for p in entry.iterdir() if p.is_dir() and not p.is_symlink()):
-        if (folder / "__init__.py").is_file():
-            return folder
-    return None
+def _project_in(entry: Path) -> Path:
+    """A submission's project folder (it holds __init__.py): the entry itself, else the one folder inside it
+    that is one; else the entry, which the lab's spec then refuses, saying what it lacks (no project, or
+    several: which one was meant is not guessed)."""
+    if (entry / "__init__.py").is_file():
+        return entry
+    inside = [p for p in sorted(entry.iterdir()) if p.is_dir() and not p.is_symlink() and (p / "__init__.py").is_file()]
+    return inside[0] if len(inside) == 1 else entry
 
 
 def find_submissions(folder: str | Path, projects: bool = False) -> dict[str, Path]:
@@ -289,7 +291,7 @@ def run_submission(notebook: Path, spec: LabSpec, inputs: dict, limits: dict, *,
         why = str(exc) if isinstance(exc, SubmissionRefused) else \
             f"the submission is not a valid notebook ({type(exc).__name__})"
         faults = {name: why for name in remaining}
-        stops, remaining = ["malformed notebook"], []
+        stops, remaining = ["malformed notebook" if spec.submission is None else "refused project"], []
     scratch = _scratch_folders(spec, isolated)
     cell_limits = dict(limits["cell_cpu_seconds"])
 

@@ -18,7 +18,7 @@ MAX_PROJECT_KB = 512          # the project's Python files together (the startin
 HIDDEN = 2                    # hidden workloads for the correctness goals; the others run on the first of them
 CORRECTNESS = ("loss_curve", "causality", "batches_match", "serving_agreement", "served_size")
 TIMED_ROUNDS = 8              # paired rounds per timed goal, on one thread
-TITLES = {"loss_curve": "loss curve", "causality": "the planted bug", "batches_match": "the documented batches",
+TITLES = {"batches_match": "the documented batches", "loss_curve": "loss curve", "causality": "the planted bug",
           "serving_agreement": "serving agreement", "served_size": "served size", "train_speed": "training speed",
           "serve_latency": "serving latency", "step_memory": "step memory", "deprecations": "no deprecations",
           "deterministic_repeat": "deterministic repeat", "graph_breaks": "no graph breaks",
@@ -107,7 +107,7 @@ def _judge(goal: str):
         w, given = case.args
         extra = {"timed": _timed_here(results, w, given)} if goal == "report" else {}
         result = capstone.judged(goal, value, _reference(), w, given, **extra)
-        if result["passed"]:
+        if result["passed"] is True:
             return None
         return (f"❌ {exercise.title}: {case.name}: missed: {untrusted(capstone.describe(result), 700)}\n"
                 f"   Hint: {case.hint}")
