@@ -22,6 +22,7 @@ gain counts only when its 95% paired interval lies above 1 and the gain itself i
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import itertools
@@ -147,8 +148,13 @@ def measure_training(project, start, w: dict, given: dict) -> dict:
             served, measured["served_bytes"] = _export_and_load(project, model, folder)
             measured["served_logits"] = project.serve.next_token_logits(served, given["prompts"]).float()
     except Exception as error:
-        measured["serving_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        measured["serving_error"] = _raised(error, 300)
     return measured
+
+
+def _raised(error: BaseException, limit: int = 500) -> str:
+    """What raised, on one line: its type and the first line of its message, cut to `limit` characters."""
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:limit]}"
 
 
 def _fp32_logits(reference, state: dict, w: dict, prompts: torch.Tensor) -> torch.Tensor:
@@ -235,9 +241,7 @@ def measure_batches(project, start, w: dict, given: dict, steps: int = BATCHES_C
 def judge_batches(measured: dict, reference, w: dict, given: dict, steps: int = BATCHES_COMPARED) -> dict:
     """The project's make_batches gives the documented batches: the reference's, in order."""
     theirs = reference_batches(reference, w, steps)
-    mine = measured["batches"]
-    if not isinstance(mine, (list, tuple)) or len(mine) > steps:
-        raise ValueError(f"expected a list of at most {steps} batches")
+    mine = _sequence(measured["batches"], steps)
     same = [isinstance(m, (list, tuple)) and len(m) == 2 and all(
         isinstance(a, torch.Tensor) and a.shape == b.shape and torch.equal(a, b) for a, b in zip(m, t))
         for m, t in zip(mine, theirs)]
@@ -267,22 +271,32 @@ def judge_serving_agreement(measured: dict, reference, w: dict, given: dict, rto
 _START_FILES: dict[str, int] = {}
 
 
+@functools.cache
+def _starting_code():
+    return load_project(START)
+
+
 def _start_file_bytes(w: dict) -> int:
     """The bytes of the file the starting code exports for the workload's model, made where the judge runs
     (the starting code is the course's own: a submission's process never reports it)."""
     if repr(w) not in _START_FILES:
-        start = load_project(START)
+        start = _starting_code()
         with tempfile.TemporaryDirectory() as folder:
             _START_FILES[repr(w)] = _export_and_load(start, start.model.build_model(config(start, w), w["seed"]),
                                                      folder)[1]
     return _START_FILES[repr(w)]
 
 
-def _numbers(values, most: int) -> list[float]:
-    """A returned sequence of at most `most` numbers, as floats (a judge never iterates anything larger)."""
+def _sequence(values, most: int) -> list:
+    """A returned list or tuple of at most `most` items (a judge never iterates anything larger)."""
     if not isinstance(values, (list, tuple)) or len(values) > most:
-        raise ValueError(f"expected a list of at most {most} numbers")
-    return [float(v) for v in values]
+        raise ValueError(f"expected a list of at most {most}")
+    return list(values)
+
+
+def _numbers(values, most: int) -> list[float]:
+    """A returned sequence of at most `most` numbers, as floats."""
+    return [float(v) for v in _sequence(values, most)]
 
 
 def judge_served_size(measured: dict, reference, w: dict, given: dict, budget: float = BYTES_BUDGET,
@@ -515,12 +529,6 @@ def measure_repeat(project, start, w: dict, given: dict) -> dict:
                                            w["seed"], w["lr"])[1] for _ in range(2)]}
 
 
-def _sequence(values, most: int) -> list:
-    if not isinstance(values, (list, tuple)) or len(values) > most:
-        raise ValueError(f"expected a list of at most {most}")
-    return list(values)
-
-
 def judge_repeat(measured: dict, reference, w: dict, given: dict) -> dict:
     """The same losses, bit for bit, for every step."""
     runs = [_numbers(run, w["steps"]) for run in _sequence(measured["losses"], 2)]
@@ -540,7 +548,7 @@ def measure_graph_breaks(project, start, w: dict, given: dict) -> dict:
     try:
         explained = torch._dynamo.explain(project.train.loss_fn)(model, ids[:, :-1], ids[:, 1:])
     except Exception as error:
-        return {"graph_breaks": None, "graphs": None, "reasons": [f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"]}
+        return {"graph_breaks": None, "graphs": None, "reasons": [_raised(error, 300)]}
     finally:
         torch._dynamo.reset()
     return {"graph_breaks": explained.graph_break_count, "graphs": explained.graph_count,
@@ -655,7 +663,7 @@ def judged(goal: str, measured, reference, w: dict, given: dict, **limits) -> di
             raise RuntimeError(measured["error"])
         return GOALS[goal][1](measured, reference, w, given, **limits)
     except Exception as error:
-        return {"goal": goal, "passed": False, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:500]}"}
+        return {"goal": goal, "passed": False, "error": _raised(error)}
 
 
 def measured(goal: str, project, start, w: dict, given: dict, **options):
@@ -663,7 +671,7 @@ def measured(goal: str, project, start, w: dict, given: dict, **options):
     try:
         return GOALS[goal][0](project, start, w, given, **options)
     except Exception as error:
-        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:500]}"}
+        return {"error": _raised(error)}
 
 
 def goal(name: str, project, start, reference, w: dict = VISIBLE, given: dict | None = None, options: dict = {},
