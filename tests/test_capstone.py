@@ -158,7 +158,7 @@ def test_solution_is_faster_in_paired_rounds(reference, start, name):
         if result["verdict"] != "within noise":
             break
     assert result["verdict"] != "regression", result
-    assert result["passed"] == (result["low"] > 1 and result["verdict"] == "improvement"), result
+    assert result["passed"] == (result["verdict"] == "improvement" and result["gain"] >= 1 + capstone.SPEED_GAIN), result
 
 
 def test_faster_but_nondeterministic_is_rejected(nondeterministic, reference):
@@ -181,6 +181,18 @@ def test_a_fix_for_the_visible_workload_only_fails_a_hidden_one(visible_only, re
 
 def rounds_result(name, start_rounds, project_rounds):
     return capstone.speed_verdict(name, start_rounds, project_rounds)
+
+
+def test_a_timed_goal_asks_a_gain_beyond_two_copies_of_the_same_code():
+    """A tight 5% gain is the pipeline's improvement, which the report states, and not the goal's: the
+    starting code timed against itself differs by a few percent. 15% with its interval above 1 passes; 15%
+    whose interval reaches below 1 does not."""
+    tight = rounds_result("train_speed", [1.05, 1.051, 1.049, 1.05, 1.052, 1.048], [1.0] * 6)
+    assert tight["verdict"] == "improvement" and not tight["passed"], tight
+    clear = rounds_result("train_speed", [1.15, 1.16, 1.14, 1.15, 1.17, 1.13], [1.0] * 6)
+    assert clear["passed"] and clear["least"] == 1 + capstone.SPEED_GAIN, clear
+    wide = rounds_result("train_speed", [1.6, 0.9, 1.5, 0.95, 1.4, 0.97], [1.0] * 6)
+    assert wide["gain"] >= 1 + capstone.SPEED_GAIN and not wide["passed"], wide
 
 
 def test_a_report_claiming_a_gain_its_rounds_do_not_show_is_refused(tmp_path, reference):

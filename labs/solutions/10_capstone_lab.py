@@ -136,8 +136,9 @@ capstone.check_goals(capstone.goals(["loss_curve", "causality", "batches_match",
 # Goals: a training step (`Trainer.step`: the next batch, forward, backward, optimizer step) and a batch-1
 # `serve.next_token_logits` on a `seq_len` prompt each faster than the starting code's, measured as lab 09
 # measures: the starting code (A) and yours (B) alternate in rounds (A B, B A, ...), each round gives one
-# median per side, and a gain counts only when its paired interval lies above 1 and the gain is beyond
-# `stats.MIN_CHANGE` (the rule of helpers/validation/stats.py, whose `verdict` must say "improvement"). Both
+# median per side, and a gain counts when the pipeline's `verdict` says "improvement" (its paired interval
+# above 1, the rule of helpers/validation/stats.py) and the gain is at least `1 + capstone.SPEED_GAIN` (1.10x:
+# two copies of the starting code timed against each other differ by a few percent, in either direction). Both
 # sides run on the same threads, in the same process, on the same workload; the grader runs more rounds on
 # other workloads. Profile before you change anything: lessons 01, 02, 03, 05 and 06 each name something the
 # starting code pays for.
