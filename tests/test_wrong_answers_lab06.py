@@ -12,33 +12,53 @@ from helpers import attention
 from wrong_answers import L06, Wrong, lab_tests
 
 
-def key_mask_true_on_padding(lengths, max_len):
-    # True marks padding: SDPA keeps the True keys
-    pad = torch.arange(max_len)[None, :] >= torch.tensor(lengths)[:, None]
-    return pad[:, None, None, :]
+def _pads(lengths, max_len):
+    return (max_len - torch.tensor(lengths))[:, None]
 
 
-def key_mask_2d(lengths, max_len):
-    # (batch, max_len): does not broadcast against (batch, heads, queries, keys)
-    return torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
+def mask_right_padded(lengths, max_len):
+    # the lesson's mask: real keys are the first n, as when padding on the right
+    pos = torch.arange(max_len)
+    real = pos[None, :] < torch.tensor(lengths)[:, None]
+    return (real[:, None, :] & (pos[None, :] <= pos[:, None]))[:, None]
 
 
-def key_mask_float(lengths, max_len):
+def mask_causal_only(lengths, max_len):
+    # the causal triangle alone: the padding keys at the front stay visible
+    return torch.ones(max_len, max_len, dtype=torch.bool).tril().expand(len(lengths), 1, max_len, max_len)
+
+
+def mask_padding_only(lengths, max_len):
+    # the padding masked, the future not
+    real = torch.arange(max_len)[None, :] >= _pads(lengths, max_len)
+    return real[:, None, None, :]
+
+
+def mask_strict_causal(lengths, max_len):
+    # key < query: a query no longer sees itself
+    pos = torch.arange(max_len)
+    real = pos[None, :] >= _pads(lengths, max_len)
+    return (real[:, None, :] & (pos[None, :] < pos[:, None]))[:, None]
+
+
+def mask_inverted(lengths, max_len):
+    # True on what is masked out, as nn.MultiheadAttention's masks mean
+    pos = torch.arange(max_len)
+    real = pos[None, :] >= _pads(lengths, max_len)
+    return ~(real[:, None, :] & (pos[None, :] <= pos[:, None]))[:, None]
+
+
+def mask_float(lengths, max_len):
     # a float 0 / -inf mask: SDPA adds it, but it is not the boolean mask asked for
-    keep = torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
-    return torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))[:, None, None, :]
+    pos = torch.arange(max_len)
+    keep = ((pos[None, :] >= _pads(lengths, max_len))[:, None, :] & (pos[None, :] <= pos[:, None]))[:, None]
+    return torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
 
 
-def key_mask_off_by_one(lengths, max_len):
-    # position <= length: one padding key kept
-    keep = torch.arange(max_len)[None, :] <= torch.tensor(lengths)[:, None]
-    return keep[:, None, None, :]
-
-
-def key_mask_queries(lengths, max_len):
-    # masks the queries (rows), not the keys
-    keep = torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
-    return keep[:, None, :, None]
+def mask_without_head_axis(lengths, max_len):
+    # (batch, queries, keys): the batch lines up with the heads
+    pos = torch.arange(max_len)
+    return (pos[None, :] >= _pads(lengths, max_len))[:, None, :] & (pos[None, :] <= pos[:, None])
 
 
 
@@ -333,15 +353,20 @@ def bucket_count_least_padding(lengths, call_cost, entry_cost, max_buckets):
 
 
 WRONG = [
-    Wrong(L06, "key_mask", "true-on-padding", key_mask_true_on_padding, "a boolean mask, True on real keys",
-          "True where the key is a real token"),
-    Wrong(L06, "key_mask", "2d-mask", key_mask_2d, "a boolean mask, True on real keys",
-          "shape (batch, 1, 1, max_len) broadcasts"),
-    Wrong(L06, "key_mask", "float-mask", key_mask_float, "a boolean mask, True on real keys", "True where the key"),
-    Wrong(L06, "key_mask", "off-by-one", key_mask_off_by_one, "a boolean mask, True on real keys",
-          "position < length"),
-    Wrong(L06, "key_mask", "masks-queries", key_mask_queries, "a boolean mask, True on real keys",
-          "shape (batch, 1, 1, max_len)"),
+    Wrong(L06, "generation_mask", "right-padded", mask_right_padded, "three prompts: which keys each real query sees",
+          "a real query sees padding keys"),
+    Wrong(L06, "generation_mask", "causal-only", mask_causal_only, "three prompts: which keys each real query sees",
+          "a real query sees padding keys"),
+    Wrong(L06, "generation_mask", "padding-only", mask_padding_only, "three prompts: which keys each real query sees",
+          "a query sees keys after it"),
+    Wrong(L06, "generation_mask", "strict-causal", mask_strict_causal,
+          "three prompts: which keys each real query sees", "a query misses real keys at or before it"),
+    Wrong(L06, "generation_mask", "inverted", mask_inverted, "three prompts: which keys each real query sees",
+          "a real query sees padding keys"),
+    Wrong(L06, "generation_mask", "float-mask", mask_float, "three prompts: which keys each real query sees",
+          "SDPA adds a float mask"),
+    Wrong(L06, "generation_mask", "no-head-axis", mask_without_head_axis,
+          "three prompts: which keys each real query sees", "does not broadcast"),
     Wrong(L06, "pack", "no-leading-zero", pack_no_leading_zero, "three sequences: cu_seq's values",
           "one entry more than there are sequences"),
     Wrong(L06, "pack", "counts-not-offsets", pack_counts, "three sequences: cu_seq's values",

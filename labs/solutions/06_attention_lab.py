@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | build an SDPA key mask for a padded batch; pack a ragged batch the way `varlen_attn` wants it; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length, and choose the bucket count from what a call costs on this machine; derive a FlexAttention `mask_mod` the lesson does not show (prefix-LM over packed documents) |
+# | **What you will learn** | derive the SDPA mask for causal attention over prompts padded on the left; pack a ragged batch the way `varlen_attn` wants it; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length, and choose the bucket count from what a call costs on this machine; derive a FlexAttention `mask_mod` the lesson does not show (prefix-LM over packed documents) |
 # | **Prerequisites** | lesson 06 |
 # | **Hardware** | any CPU |
-# | **Time** | 66 minutes |
+# | **Time** | 67 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the
@@ -41,7 +41,6 @@ LENGTHS = [33, 500, 61, 1024, 12, 700, 90, 256]
 # %%
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from helpers import attention
 from helpers.device import pick_device, quick_mode
@@ -57,32 +56,39 @@ seqs = attention.random_ragged(LENGTHS, HEADS, HEAD_DIM)     # each (length, hea
 
 
 # %% [markdown]
-# ## Exercise 1: the key mask for a padded batch
+# ## Exercise 1: the mask for left-padded prompts
 #
-# A batch padded to `max_len` is `(batch, heads, max_len, head_dim)`, zeros after each sequence's
-# length. Write `key_mask(lengths, max_len)` with tensor operations (compare key positions with the
-# lengths): a boolean `attn_mask` that broadcasts to `(batch, heads, max_len, max_len)` and is **True
-# where the key is a real token** (SDPA keeps True positions; `nn.MultiheadAttention`'s
-# `key_padding_mask` means the opposite).
+# The lesson padded on the right and masked the padding keys. A generation server pads its prompts on the
+# **left**, so that every prompt's last token sits in the last position and the next token of every
+# prompt is read from one row; and its attention is causal. Write `generation_mask(lengths, max_len)`
+# with tensor operations: a boolean `attn_mask` that broadcasts to `(batch, heads, max_len, max_len)`
+# (queries, then keys) for a batch in which a prompt of length `n` fills the last `n` positions, and
+# that gives each real query of a prompt exactly what causal attention over that prompt alone gives it.
+# Work out which keys that is before you write it (True is kept, as SDPA reads a boolean mask). The
+# queries of padding positions are not checked: nothing reads their outputs.
 
 # %%
-def key_mask(lengths: list[int], max_len: int) -> torch.Tensor:
+def generation_mask(lengths: list[int], max_len: int) -> torch.Tensor:
     ### BEGIN SOLUTION
-    lengths = torch.tensor(lengths)
-    keep = torch.arange(max_len)[None, :] < lengths[:, None]
-    return keep[:, None, None, :]
+    pos = torch.arange(max_len)
+    real_key = pos[None, :] >= (max_len - torch.tensor(lengths))[:, None]     # (batch, keys)
+    causal = pos[None, :] <= pos[:, None]                                      # (queries, keys)
+    return (real_key[:, None, :] & causal[None])[:, None]                      # (batch, 1, queries, keys)
     ### END SOLUTION
 
 
 # %% tags=["nbval-check-output"]
-check("06_attention_lab", key_mask)
+check("06_attention_lab", generation_mask)
 
 # %%
-# your mask in use: one padded SDPA call against each sequence on its own
-padded = nn.utils.rnn.pad_sequence(seqs, batch_first=True).transpose(1, 2)
-out = F.scaled_dot_product_attention(padded, padded, padded, attn_mask=key_mask(LENGTHS, padded.shape[2]))
-mine = [o[:n] for o, n in zip(out.transpose(1, 2), LENGTHS)]
-print(f"padded attention with your mask vs per-sequence attention: max error {attention.max_error(mine, seqs):.1e}")
+# your mask in use: one left-padded, masked SDPA call against causal attention on each prompt alone
+max_len = max(LENGTHS)
+left_padded = torch.stack([F.pad(s, (0, 0, 0, 0, max_len - len(s), 0)) for s in seqs]).transpose(1, 2)
+out = F.scaled_dot_product_attention(left_padded, left_padded, left_padded,
+                                     attn_mask=generation_mask(LENGTHS, max_len)).transpose(1, 2)
+mine = [o[max_len - n:] for o, n in zip(out, LENGTHS)]
+print(f"left-padded attention with your mask vs causal attention per prompt: "
+      f"max error {attention.max_error(mine, seqs, causal=True):.1e}")
 
 
 # %% [markdown]

@@ -12,10 +12,12 @@ from helpers import attention
 
 
 # Exercise 1 -------------------------------------------------------------------------------------------
-def key_mask(lengths: list[int], max_len: int) -> torch.Tensor:
-    lengths = torch.as_tensor(lengths)
-    keep = torch.arange(max_len)[None, :] < lengths[:, None]          # (batch, max_len): True on real keys
-    return keep[:, None, None, :]                                     # (batch, 1, 1, max_len)
+def generation_mask(lengths: list[int], max_len: int) -> torch.Tensor:
+    first_real = max_len - torch.as_tensor(lengths)                        # where each prompt starts
+    q = torch.arange(max_len).view(1, max_len, 1)
+    k = torch.arange(max_len).view(1, 1, max_len)
+    keep = (k >= first_real.view(-1, 1, 1)) & (k <= q)                       # (batch, queries, keys)
+    return keep.unsqueeze(1)
 
 
 # Exercise 2 -------------------------------------------------------------------------------------------

@@ -8,10 +8,44 @@ import sys
 import torch
 
 
-def broadcast_mask(fn, lengths, max_len, heads):
-    """The mask broadcast to (batch, heads, max_len, max_len), as SDPA broadcasts it."""
+RIGHT_MASK = "no mistake"
+
+
+def _left_pads(lengths, max_len) -> torch.Tensor:
+    return max_len - torch.as_tensor(lengths)
+
+
+def mask_mistakes(fn, lengths, max_len, heads) -> str:
+    """What a mask for left-padded prompts gets wrong on the real queries' rows (a prompt of length n fills
+    the last n positions), in words that name the mistake; RIGHT_MASK when there is none. The padding
+    queries' rows are not judged: nothing reads their outputs."""
     mask = fn(lengths, max_len)
-    return mask.expand(len(lengths), heads, max_len, max_len)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return (f"a {getattr(mask, 'dtype', type(mask).__name__)} mask: SDPA adds a float mask to the scores, "
+                "and keeps the True positions of a boolean one")
+    full = (len(lengths), heads, max_len, max_len)
+    try:
+        mask = mask.expand(full)
+    except RuntimeError:
+        return f"shape {tuple(mask.shape)} does not broadcast to (batch, heads, queries, keys) = {full}"
+    pos = torch.arange(max_len)
+    pads = _left_pads(lengths, max_len)[:, None, None, None]
+    query, key = pos[:, None], pos[None, :]
+    want = (key >= pads) & (key <= query)
+    real_rows = (query >= pads).expand(full)
+    seen, hidden = mask & ~want & real_rows, ~mask & want & real_rows
+    mistakes = [text for text, wrong in (
+        ("a real query sees padding keys", (seen & (key < pads)).any()),
+        ("a query sees keys after it", (seen & (key > query)).any()),
+        ("a query misses real keys at or before it", hidden.any())) if wrong]
+    return "; ".join(mistakes) or RIGHT_MASK
+
+
+def left_padded_outputs(fn, lengths, max_len, seqs) -> list[torch.Tensor]:
+    """SDPA on the prompts padded on the left with fn's mask; each prompt's real rows (batch, heads) out."""
+    x = torch.stack([torch.nn.functional.pad(s, (0, 0, 0, 0, max_len - s.shape[0], 0)) for s in seqs]).transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=fn(lengths, max_len))
+    return [o[max_len - n:] for o, n in zip(out.transpose(1, 2), lengths)]
 
 
 def offsets_as_int64(fn, seqs) -> torch.Tensor:

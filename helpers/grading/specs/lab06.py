@@ -8,18 +8,26 @@ from helpers.grading.harnesses.lab06 import BUCKET_COUNT_OK
 from helpers.grading.specs.core import Case, Exercise, LabSpec
 
 
-def _key_mask(lengths, max_len):
-    keep = torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
-    return keep[:, None, None, :]
+def _generation_mask(lengths, max_len):
+    pos = torch.arange(max_len)
+    real_key = pos[None, :] >= (max_len - torch.tensor(lengths))[:, None]     # (batch, keys)
+    return (real_key[:, None, :] & (pos[None, :] <= pos[:, None]))[:, None]    # (batch, 1, queries, keys)
 
 
-def _key_mask_cases(gen):
-    hint = "True where the key is a real token (position < length); shape (batch, 1, 1, max_len) broadcasts"
+def _generation_mask_cases(gen):
+    rule = ("a prompt of length n fills the last n positions; each of its queries sees its real keys at or before "
+            "it, no padding key and no later key; a (batch, 1, queries, keys) boolean mask broadcasts")
+    outputs = "each prompt's rows must equal causal attention over that prompt alone: " + rule
+    seqs = lambda lengths: [torch.randn(n, 2, 8, generator=gen) for n in lengths]   # noqa: E731
     return [
-        Case("a boolean mask, True on real keys", ([3, 1, 4], 4, 2), call="broadcast_mask", hint=hint),
-        Case("padding beyond the longest", ([2, 5], 7, 3), call="broadcast_mask", hint=hint),
-        Case("batch 1", ([6], 6, 1), call="broadcast_mask", hidden=True, hint=hint),
-        Case("every sequence full", ([4, 4, 4], 4, 2), call="broadcast_mask", hidden=True, hint=hint),
+        Case("three prompts: which keys each real query sees", ([3, 1, 4], 4, 2), call="mask_mistakes", hint=rule),
+        Case("three prompts: attention on the left-padded batch", ([3, 1, 4], 4, seqs([3, 1, 4])),
+             call="left_padded_outputs", hint=outputs),
+        Case("padding beyond the longest prompt", ([2, 5], 7, 3), call="mask_mistakes", hint=rule),
+        Case("one prompt, no padding", ([6], 6, seqs([6])), call="left_padded_outputs", hidden=True, hint=outputs),
+        Case("uneven prompts", ([5, 2, 7, 1], 9, seqs([5, 2, 7, 1])), call="left_padded_outputs", hidden=True,
+             hint=outputs),
+        Case("every prompt full", ([4, 4, 4], 4, 2), call="mask_mistakes", hidden=True, hint=rule),
     ]
 
 
@@ -196,10 +204,8 @@ def _bucket_count_cases(gen):
 
 
 SPEC = LabSpec("06_attention_lab", (
-    Exercise("Exercise 1: key_mask", "key_mask", _key_mask_cases, _key_mask,
-             forbidden=("helpers.attention.pad_with_mask",),
-             refused="helpers.attention.pad_with_mask builds this mask for you: compare key positions with the "
-                     "lengths yourself"),
+    Exercise("Exercise 1: the mask for left-padded prompts", "generation_mask", _generation_mask_cases,
+             _generation_mask),
     Exercise("Exercise 2: pack", "pack", _pack_cases, _pack, forbidden=("helpers.attention.pack",),
              refused="helpers.attention.pack is the function you are writing: concatenate the tokens and compute"
                      " the offsets yourself"),
