@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import attention
-from wrong_answers import L06, Wrong, lab_tests
+from wrong_answers import FORBIDDEN_HINT, L06, Wrong, lab_tests
 
 
 def _pads(lengths, max_len):
@@ -61,52 +61,70 @@ def mask_without_head_axis(lengths, max_len):
     return (pos[None, :] >= _pads(lengths, max_len))[:, None, :] & (pos[None, :] <= pos[:, None])
 
 
+def _real_rows(padded, lengths):
+    width = padded.shape[1]
+    return torch.arange(width)[None, :] >= (width - torch.tensor(lengths))[:, None]
 
 
-def pack_no_leading_zero(seqs):
+def _offsets(lengths):
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths).cumsum(0)
+    return cu
+
+
+def unpad_right_padded(padded, lengths):
+    # the first n rows of each prompt, as if padded on the right: padding taken, tokens left out
+    return torch.cat([row[:n] for row, n in zip(padded, lengths)]), _offsets(lengths), max(lengths)
+
+
+def unpad_keeps_padding(padded, lengths):
+    # every row of the batch flattened: the padding rows become tokens
+    return padded.flatten(0, 1), _offsets(lengths), max(lengths)
+
+
+def unpad_no_leading_zero(padded, lengths):
     # N offsets (the ends), without the leading 0
-    lengths = torch.tensor([s.shape[0] for s in seqs])
-    return torch.cat(seqs), lengths.cumsum(0).int(), int(lengths.max())
+    return padded[_real_rows(padded, lengths)], torch.tensor(lengths).cumsum(0).int(), max(lengths)
 
 
-def pack_tensor_max(seqs):
-    # the longest length as a 0-d tensor, not a Python int
-    lengths = torch.tensor([s.shape[0] for s in seqs])
-    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    cu[1:] = lengths.cumsum(0)
-    return torch.cat(seqs), cu, lengths.max()
-
-
-def pack_total_as_max(seqs):
-    # the total number of tokens as max_len
-    lengths = torch.tensor([s.shape[0] for s in seqs])
-    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    cu[1:] = lengths.cumsum(0)
-    return torch.cat(seqs), cu, int(lengths.sum())
-
-
-def pack_counts(seqs):
+def unpad_counts(padded, lengths):
     # the lengths themselves, not their running sum
-    lengths = torch.tensor([s.shape[0] for s in seqs], dtype=torch.int32)
-    return torch.cat(seqs), torch.cat([torch.zeros(1, dtype=torch.int32), lengths]), int(lengths.max())
+    return padded[_real_rows(padded, lengths)], torch.tensor([0] + lengths, dtype=torch.int32), max(lengths)
 
 
-def pack_padded(seqs):
-    # pads to the longest and stacks: the padding rows become tokens
-    lengths = torch.tensor([s.shape[0] for s in seqs])
-    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    cu[1:] = lengths.cumsum(0)
-    padded = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
-    return padded.flatten(0, 1), cu, int(lengths.max())
+def unpad_int64_offsets(padded, lengths):
+    # the running sum left in int64
+    return padded[_real_rows(padded, lengths)], torch.tensor([0] + lengths).cumsum(0), max(lengths)
 
 
-def pack_second_solution(seqs):
-    # a right answer written differently: offsets from a Python running sum, max() over the shapes
+def unpad_tensor_max(padded, lengths):
+    # the longest length as a 0-d tensor, not a Python int
+    return padded[_real_rows(padded, lengths)], _offsets(lengths), torch.tensor(lengths).max()
+
+
+def unpad_width_as_max(padded, lengths):
+    # the padded width as max_len: right only when the longest prompt fills it
+    return padded[_real_rows(padded, lengths)], _offsets(lengths), padded.shape[1]
+
+
+def unpad_total_as_max(padded, lengths):
+    # the total number of tokens as max_len
+    return padded[_real_rows(padded, lengths)], _offsets(lengths), sum(lengths)
+
+
+def unpad_through_pack(padded, lengths):
+    # each prompt's tail cut off, then the helper left to concatenate and count
+    return attention.pack([row[row.shape[0] - n:] for row, n in zip(padded, lengths)])
+
+
+def unpad_second_solution(padded, lengths):
+    # a right answer written differently: each prompt's tail sliced off, offsets from a Python running sum
     ends, total = [0], 0
-    for s in seqs:
-        total += len(s)
+    for n in lengths:
+        total += n
         ends.append(total)
-    return torch.cat(list(seqs), dim=0), torch.tensor(ends, dtype=torch.int32), max(len(s) for s in seqs)
+    tails = [row[row.shape[0] - n:] for row, n in zip(padded, lengths)]
+    return torch.cat(tails), torch.tensor(ends, dtype=torch.int32), max(lengths)
 
 
 class _Record(torch.utils._python_dispatch.TorchDispatchMode):
@@ -367,14 +385,20 @@ WRONG = [
           "SDPA adds a float mask"),
     Wrong(L06, "generation_mask", "no-head-axis", mask_without_head_axis,
           "three prompts: which keys each real query sees", "does not broadcast"),
-    Wrong(L06, "pack", "no-leading-zero", pack_no_leading_zero, "three sequences: cu_seq's values",
+    Wrong(L06, "unpad", "right-padded", unpad_right_padded, "three prompts: the packed tokens",
+          "the padding comes first"),
+    Wrong(L06, "unpad", "keeps-padding", unpad_keeps_padding, "three prompts: the packed tokens",
+          "each prompt's real tokens"),
+    Wrong(L06, "unpad", "no-leading-zero", unpad_no_leading_zero, "three prompts: cu_seq's values",
           "one entry more than there are sequences"),
-    Wrong(L06, "pack", "counts-not-offsets", pack_counts, "three sequences: cu_seq's values",
+    Wrong(L06, "unpad", "counts-not-offsets", unpad_counts, "three prompts: cu_seq's values",
           "from cu_seq[i] to cu_seq[i + 1]"),
-    Wrong(L06, "pack", "tensor-max-len", pack_tensor_max, "three sequences: max_len", "a 0-d tensor is not an int"),
-    Wrong(L06, "pack", "total-as-max", pack_total_as_max, "three sequences: max_len", "(not the total)"),
-    Wrong(L06, "pack", "stacked-padded", pack_padded, "three sequences: the packed tokens",
-          "one after another, in the order given"),
+    Wrong(L06, "unpad", "int64-offsets", unpad_int64_offsets, "three prompts: cu_seq's dtype", "int32"),
+    Wrong(L06, "unpad", "tensor-max-len", unpad_tensor_max, "three prompts: max_len", "a 0-d tensor is not an int"),
+    Wrong(L06, "unpad", "width-as-max", unpad_width_as_max, "padded wider than the longest prompt: max_len",
+          "not the padded width"),
+    Wrong(L06, "unpad", "total-as-max", unpad_total_as_max, "three prompts: max_len", "not the total"),
+    Wrong(L06, "unpad", "calls-pack", unpad_through_pack, "three prompts: the packed tokens", FORBIDDEN_HINT),
     Wrong(L06, "ops_dispatched", "drops-kwargs", ops_drops_kwargs, "dropout", "pass every keyword to SDPA"),
     Wrong(L06, "ops_dispatched", "str-names", ops_str_names, "the default choice", "append func.name()"),
     Wrong(L06, "ops_dispatched", "torch-function-mode", ops_torch_function_mode, "the default choice",
@@ -413,7 +437,7 @@ WRONG = [
           "the square of its longest length"),
 ]
 
-SECOND_SOLUTIONS = [("pack", pack_second_solution), ("ops_dispatched", ops_second_solution),
+SECOND_SOLUTIONS = [("unpad", unpad_second_solution), ("ops_dispatched", ops_second_solution),
                     ("bucketed_attention", bucketed_second_solution), ("prefix_lm_mask_mod", prefix_lm_second_solution),
                     ("choose_bucket_count", bucket_count_second_solution),
                     ("choose_bucket_count", bucket_count_least_padding)]

@@ -3,7 +3,7 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | derive the SDPA mask for causal attention over prompts padded on the left; pack a ragged batch the way `varlen_attn` wants it; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length, and choose the bucket count from what a call costs on this machine; derive a FlexAttention `mask_mod` the lesson does not show (prefix-LM over packed documents) |
+# | **What you will learn** | derive the SDPA mask for causal attention over prompts padded on the left; unpad that batch into the packed layout `varlen_attn` wants; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length, and choose the bucket count from what a call costs on this machine; derive a FlexAttention `mask_mod` the lesson does not show (prefix-LM over packed documents) |
 # | **Prerequisites** | lesson 06 |
 # | **Hardware** | any CPU |
 # | **Time** | 67 minutes |
@@ -92,34 +92,40 @@ print(f"left-padded attention with your mask vs causal attention per prompt: "
 
 
 # %% [markdown]
-# ## Exercise 2: pack a ragged batch for `varlen_attn`
+# ## Exercise 2: from the padded batch to `varlen_attn`
 #
-# Write `pack(seqs)` returning `(packed, cu_seq, max_len)`: all tokens concatenated to
-# `(total_tokens, heads, head_dim)`, the cumulative offsets `[0, n0, n0+n1, ...]` as **int32** (the
-# flash kernel's type), and the longest length as a Python int.
+# Padding costs a left-padded batch the same as a right-padded one: every score of the padded square is
+# computed. `varlen_attn` takes the prompts packed instead, with no padding at all. Write
+# `unpad(padded, lengths)` for a batch laid out as exercise 1's, `(batch, max_len, heads, head_dim)` with
+# each prompt in the last `length` rows of its row, returning `(packed, cu_seq, max_len)`: the real
+# tokens only, prompt after prompt, as `(total_tokens, heads, head_dim)`; the cumulative offsets
+# `[0, n0, n0+n1, ...]` as **int32** (the flash kernel's type); and the longest prompt's length as a
+# Python int.
 
 # %%
-def pack(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
+def unpad(padded: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
     ### BEGIN SOLUTION
-    lengths = torch.tensor([s.shape[0] for s in seqs])
-    cu_seq = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    width, lengths = padded.shape[1], torch.tensor(lengths)
+    real = torch.arange(width)[None, :] >= (width - lengths)[:, None]        # (batch, max_len)
+    cu_seq = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu_seq[1:] = lengths.cumsum(0)
-    return torch.cat(seqs), cu_seq, int(lengths.max())
+    return padded[real], cu_seq, int(lengths.max())
     ### END SOLUTION
 
 
 # %% tags=["nbval-check-output"]
-check("06_attention_lab", pack)
+check("06_attention_lab", unpad)
 
 # %% tags=["nbval-check-output"]
-# your packing in use: varlen_attn accepts it (on the meta device: shapes only, no GPU needed)
+# your unpadding in use: exercise 1's left-padded batch, packed; varlen_attn accepts it (on the meta
+# device: shapes only, no GPU needed)
 from torch.nn.attention.varlen import varlen_attn
 
-packed, cu_seq, max_len = pack(seqs)
+packed, cu_seq, max_len = unpad(left_padded.transpose(1, 2), LENGTHS)
 meta = packed.to("meta", torch.bfloat16)
 out = varlen_attn(meta, meta, meta, cu_seq.to("meta"), cu_seq.to("meta"), max_len, max_len)
 print(f"varlen_attn on your packing: {tuple(packed.shape)} in, {tuple(out.shape)} out, "
-      f"cu_seq {cu_seq.tolist()}, max_len {max_len}")
+      f"cu_seq {cu_seq.tolist()}, max_len {max_len}; the prompts' own tokens: {torch.equal(packed, torch.cat(seqs))}")
 
 # %% [markdown]
 # ## Exercise 3: which kernel ran?

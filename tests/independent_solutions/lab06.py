@@ -21,12 +21,12 @@ def generation_mask(lengths: list[int], max_len: int) -> torch.Tensor:
 
 
 # Exercise 2 -------------------------------------------------------------------------------------------
-def pack(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
-    lengths = [s.shape[0] for s in seqs]
-    packed = torch.cat(seqs, dim=0)
-    cu_seq = torch.zeros(len(seqs) + 1, dtype=torch.int32, device=packed.device)
-    cu_seq[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return packed, cu_seq, max(lengths)
+def unpad(padded: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    lengths_t = torch.as_tensor(lengths)
+    starts = padded.shape[1] - lengths_t                                  # where each prompt's tokens begin
+    keep = torch.arange(padded.shape[1]).expand(len(lengths), -1) >= starts[:, None]
+    cu_seq = torch.cat([torch.zeros(1, dtype=torch.int32), lengths_t.cumsum(0).to(torch.int32)])
+    return padded[keep], cu_seq, int(lengths_t.max())
 
 
 # Exercise 3 -------------------------------------------------------------------------------------------

@@ -48,21 +48,23 @@ def left_padded_outputs(fn, lengths, max_len, seqs) -> list[torch.Tensor]:
     return [o[max_len - n:] for o, n in zip(out.transpose(1, 2), lengths)]
 
 
-def offsets_as_int64(fn, seqs) -> torch.Tensor:
-    """pack's offsets (its second result) as int64: their values, whatever their dtype."""
-    return torch.as_tensor(fn(seqs)[1]).to(torch.int64)
+def offsets_as_int64(fn, *args) -> torch.Tensor:
+    """unpad's offsets (its second result) as int64: their values, whatever their dtype."""
+    return torch.as_tensor(fn(*args)[1]).to(torch.int64)
 
 
-def offsets_dtype(fn, seqs) -> str:
-    return str(torch.as_tensor(fn(seqs)[1]).dtype)
+def offsets_dtype(fn, *args) -> str:
+    return str(torch.as_tensor(fn(*args)[1]).dtype)
 
 
-def max_len_kind(fn, seqs) -> str:
-    """What pack's third result is, in words that do not give the length away."""
-    value = fn(seqs)[2]
+def max_len_kind(fn, padded, lengths) -> str:
+    """What unpad's third result is, in words that do not give the length away."""
+    value = fn(padded, lengths)[2]
     if type(value) is not int:
         return f"a {type(value).__name__}, not a Python int"
-    return "the longest length" if value == max(s.shape[0] for s in seqs) else "an int, not the longest length"
+    if value == max(lengths):
+        return "the longest length"
+    return "the padded width, not the longest prompt" if value == padded.shape[1] else "an int, not the longest length"
 
 
 def backend_of(fn, q, k, v, **kwargs) -> str:

@@ -31,31 +31,39 @@ def _generation_mask_cases(gen):
     ]
 
 
-def _pack(seqs):
-    lengths = torch.tensor([s.shape[0] for s in seqs])
-    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+def _unpad(padded, lengths):
+    width, lengths = padded.shape[1], torch.tensor(lengths)
+    real = torch.arange(width)[None, :] >= (width - lengths)[:, None]
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = lengths.cumsum(0)
-    return torch.cat(seqs), cu, int(lengths.max())
+    return padded[real], cu, int(lengths.max())
 
 
-def _pack_cases(gen):
-    tokens = ("the packed tensor holds every sequence's tokens one after another, in the order given, along the "
-              "token dimension (dim 0); heads and head_dim stay as they are")
+def _unpad_cases(gen):
+    tokens = ("packed holds each prompt's real tokens, prompt after prompt in batch order: a prompt of length n is "
+              "the last n rows of its row of the batch, the padding comes first")
     dtype = "cumsum of int64 lengths is int64, and the flash kernel's offsets are int32: convert them"
     offsets = ("varlen_attn reads sequence i as the packed rows from cu_seq[i] to cu_seq[i + 1], so cu_seq has one "
                "entry more than there are sequences, and its first and last entries bound the whole packed tensor")
-    longest = ("max_len is the length of the longest single sequence (not the total), as a Python int: a 0-d "
-               "tensor is not an int, and the kernel takes it as an int argument")
+    longest = ("max_len is the length of the longest prompt (not the total, not the padded width), as a Python "
+               "int: a 0-d tensor is not an int, and the kernel takes it as an int argument")
     whole = "each part as the visible cases check it: the tokens, cu_seq's values and dtype, and max_len"
-    seqs = lambda lengths: [torch.randn(n, 2, 4, generator=gen) for n in lengths]   # noqa: E731
-    three = seqs([3, 7, 2])
+
+    def batch(lengths, width=None):
+        width = width or max(lengths)
+        seqs = [torch.randn(n, 2, 4, generator=gen) for n in lengths]
+        padded = torch.stack([torch.nn.functional.pad(s, (0, 0, 0, 0, width - n, 0)) for s, n in zip(seqs, lengths)])
+        return padded, list(lengths)
+    three = batch([3, 7, 2])
     return [
-        Case("three sequences: the packed tokens", (three,), call="first", hint=tokens),
-        Case("three sequences: cu_seq's dtype", (three,), call="offsets_dtype", hint=dtype),
-        Case("three sequences: cu_seq's values", (three,), call="offsets_as_int64", hint=offsets),
-        Case("three sequences: max_len", (three,), call="max_len_kind", hint=longest),
-        Case("one sequence", (seqs([5]),), hidden=True, hint=whole),
-        Case("a sequence of length 1", (seqs([1, 9, 1, 4]),), hidden=True, hint=whole),
+        Case("three prompts: the packed tokens", three, call="first", hint=tokens),
+        Case("three prompts: cu_seq's dtype", three, call="offsets_dtype", hint=dtype),
+        Case("three prompts: cu_seq's values", three, call="offsets_as_int64", hint=offsets),
+        Case("three prompts: max_len", three, call="max_len_kind", hint=longest),
+        Case("padded wider than the longest prompt: max_len", batch([4, 2], width=9), call="max_len_kind",
+             hint=longest),
+        Case("one prompt, no padding", batch([5]), hidden=True, hint=whole),
+        Case("prompts of length 1", batch([1, 9, 1, 4], width=12), hidden=True, hint=whole),
     ]
 
 
@@ -206,9 +214,8 @@ def _bucket_count_cases(gen):
 SPEC = LabSpec("06_attention_lab", (
     Exercise("Exercise 1: the mask for left-padded prompts", "generation_mask", _generation_mask_cases,
              _generation_mask),
-    Exercise("Exercise 2: pack", "pack", _pack_cases, _pack, forbidden=("helpers.attention.pack",),
-             refused="helpers.attention.pack is the function you are writing: concatenate the tokens and compute"
-                     " the offsets yourself"),
+    Exercise("Exercise 2: unpad for varlen_attn", "unpad", _unpad_cases, _unpad, forbidden=("helpers.attention.pack",),
+             refused="helpers.attention.pack concatenates and computes the offsets for you: compute them yourself"),
     Exercise("Exercise 3: ops_dispatched", "ops_dispatched", _ops_cases, _ops_dispatched,
              forbidden=("helpers.attention.OpNames", "helpers.attention.backend_that_runs",
                         "helpers.attention.backend_report"),
