@@ -5,6 +5,7 @@ import base64
 import io
 import json
 import os
+import resource
 import struct
 import subprocess
 import sys
@@ -241,6 +242,26 @@ def test_in_process_tricks_are_refused_or_seen():
         assert "torch.serialization._save" in sandbox.tampered(originals)
     finally:
         torch.serialization._save = saved
+    assert sandbox.tampered(originals) == []
+    from helpers import capstone
+    from helpers.validation import workloads
+    clock, rounds, getrusage = workloads.cpu_seconds, capstone.measure_train_speed.__defaults__, resource.getrusage
+    try:   # the capstone's clock, a measure's default rounds, what the clock reads: each seen
+        workloads.cpu_seconds = lambda: 0.0
+        capstone.measure_train_speed.__defaults__ = (1, 1, 0, None)
+        resource.getrusage = lambda who: getrusage(who)
+        assert {"helpers.validation.workloads.cpu_seconds", "helpers.capstone.measure_train_speed.__defaults__",
+                "resource.getrusage"} <= set(sandbox.tampered(originals))
+    finally:
+        workloads.cpu_seconds, capstone.measure_train_speed.__defaults__, resource.getrusage = clock, rounds, getrusage
+    judge = capstone.judge_train_speed
+    goal_cell = judge.__closure__[0]
+    saved_goal = goal_cell.cell_contents
+    try:   # a closure's cell refilled in place
+        goal_cell.cell_contents = "serve_latency"
+        assert "helpers.capstone.judge_train_speed.__closure__" in sandbox.tampered(originals)
+    finally:
+        goal_cell.cell_contents = saved_goal
     assert sandbox.tampered(originals) == []
     code = "import base64\nexec(base64.b64decode(%r).decode())" % base64.b64encode(
         b"import sys\nf = sys._getframe().f_back").decode()

@@ -188,13 +188,15 @@ def _sender(fd: int):
 
 
 WATCHED = ("sys.setprofile", "sys.getprofile", "threading.setprofile", "torch.save", "os.write",
-           "time.perf_counter", "time.process_time",
+           "time.perf_counter", "time.process_time", "resource.getrusage", "statistics.median",
            "TorchFunctionMode.__enter__", "TorchFunctionMode.__exit__",
            "TorchDispatchMode.__enter__", "TorchDispatchMode.__exit__")
 
 
 def _roots() -> dict:
     """The objects the watched labels start from, by the name that starts the label."""
+    import resource
+    import statistics
     import threading
 
     import torch
@@ -202,6 +204,7 @@ def _roots() -> dict:
     import helpers.grading.harnesses as harnesses
     import helpers.grading.judge as judge
     return {"sys": sys, "threading": threading, "torch": torch, "os": os, "io": io, "pickle": pickle, "time": time,
+            "resource": resource, "statistics": statistics,
             "TorchFunctionMode": torch.overrides.TorchFunctionMode,
             "TorchDispatchMode": torch.utils._python_dispatch.TorchDispatchMode,
             **{m.__name__: m for m in _harness_modules()}, harnesses.__name__: harnesses, judge.__name__: judge,
@@ -230,12 +233,38 @@ def _originals() -> tuple:
         for name, value in vars(module).items():
             if callable(value) and getattr(value, "__module__", None) == module.__name__:
                 found[f"{module.__name__}.{name}"] = value
-                if hasattr(value, "__code__"):
-                    found[f"{module.__name__}.{name}.__code__"] = value.__code__
+                for part in FUNCTION_PARTS if hasattr(value, "__code__") else ():
+                    found[f"{module.__name__}.{name}.{part}"] = _part(value, part)
                 for attr, member in vars(value).items() if isinstance(value, type) else ():
                     if callable(member):
                         found[f"{module.__name__}.{name}.{attr}"] = member
     return tuple(found.items())
+
+
+# what a function runs with besides its code: a default rebound (rounds=1) or a closure's cell refilled
+# changes what it measures as surely as new code
+FUNCTION_PARTS = ("__code__", "__defaults__", "__kwdefaults__", "__closure__")
+
+
+def _part(fn, part: str):
+    """A function's part as a value that compares by identity: its code, its defaults tuple, and its keyword
+    defaults and closure cells' contents as tuples of the objects they hold (both can be changed in place)."""
+    value = getattr(fn, part)
+    if part == "__kwdefaults__" and value is not None:
+        return tuple(value.items())
+    if part == "__closure__" and value is not None:
+        return tuple(_contents(cell) for cell in value)
+    return value
+
+
+_EMPTY_CELL = object()
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:      # a cell not yet filled
+        return _EMPTY_CELL
 
 
 def _current(label: str, roots: dict):
@@ -244,7 +273,7 @@ def _current(label: str, roots: dict):
         if label.startswith(prefix + "."):
             value = roots[prefix]
             for part in label[len(prefix) + 1:].split("."):   # as defined, not as looked up (no binding)
-                value = value.__code__ if part == "__code__" else vars(value)[part]
+                value = _part(value, part) if part in FUNCTION_PARTS else vars(value)[part]
             return value
     raise KeyError(label)
 
@@ -267,6 +296,12 @@ def _notebook_threads(baseline: set) -> list[str]:
     return found
 
 
+def _identical(a, b) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):    # a kwdefaults item (name, value)
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return a is b
+
+
 def tampered(originals: tuple) -> list[str]:
     """The labels of `originals` that name another object now."""
     try:
@@ -276,7 +311,9 @@ def tampered(originals: tuple) -> list[str]:
     changed = []
     for label, original in originals:
         try:
-            same = _current(label, roots) is original
+            now = _current(label, roots)
+            same = now is original or (isinstance(original, tuple) and label.endswith(("__kwdefaults__", "__closure__"))
+                                       and len(now) == len(original) and all(map(_identical, now, original)))
         except Exception:
             same = False
         if not same:
