@@ -76,6 +76,8 @@ def graded(tmp_path_factory):
     project(capstone.REFERENCE, folder / "clock", {"model.py": [
         ("def build_model(", "def build_model(*args, **kwargs):\n    import time\n    time.perf_counter = lambda: 0.0\n"
                              "    return _build_model(*args, **kwargs)\n\n\ndef _build_model(")]})
+    project(capstone.REFERENCE, folder / "frames", {"data.py": [
+        ("def corpus(", "def _caller():\n    import sys\n    return sys._getframe(2)\n\n\ndef corpus(")]})
     visible = tuple(dataclasses.replace(e, cases=lambda gen, cases=e.cases: cases(gen)[:1])
                     for e in lab10.SPEC.exercises if e.function in UNTIMED_CHEAP)
     with pytest.MonkeyPatch.context() as patch:
@@ -116,3 +118,13 @@ def test_a_project_that_replaces_the_clock_earns_nothing_after_it_did(graded):
     assert {goal for goal, score in scores(row).items() if score} == {"the documented batches"}, row["lines"]
     assert all("could not trust" in line for line in row["lines"] if line.startswith("❌")), row["lines"]
     assert "time.perf_counter" in (graded[1] / "feedback" / "clock.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_project_naming_interpreter_internals_is_not_trusted_until_reviewed(graded):
+    """Its measures run in the project's process, where frames reach them: every goal scored 0 and the row
+    asks for a review, naming what was found and where."""
+    row = graded[0]["frames"]
+    assert row["total"] == 0 and "review: interpreter internals" in row["status"], row
+    assert all("not trusted" in line and "_getframe (frames) in data.py" in line
+               for line in row["lines"] if line.startswith("❌")), row["lines"]

@@ -50,7 +50,7 @@ from helpers.grading import isolation
 from helpers.grading.checks import expected_result
 from helpers.grading.judge import judge_case
 from helpers.grading.report import feedback, scores_csv
-from helpers.grading.scan import RUNTIME_INTERNALS, interpreter_internals
+from helpers.grading.scan import RUNTIME_INTERNALS, interpreter_internals, project_internals
 from helpers.grading.messages import UNREADABLE, frames
 from helpers.grading.specs import LabSpec, spec_for
 from helpers.grading.specs.core import CENTRAL_CAP, SubmissionRefused
@@ -424,9 +424,10 @@ def limits_from(reference: dict, cpu_factor: float, time_limit: float | None) ->
 
 def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dict, isolation_text: str,
               internals: list[str] = ()) -> dict:
-    """The row of one student. `internals`: what interpreter_internals found in the notebook; then the
-    exercises that forbid calls score 0 (the recorder inside the sandbox cannot be trusted) and the status
-    asks for a review."""
+    """The row of one student. `internals`: what interpreter_internals found in the notebook (or
+    project_internals in a project's files); then the exercises that forbid calls score 0 (the recorder inside
+    the sandbox cannot be trusted), every goal of a project too (its measures run beside the project's code),
+    and the status asks for a review."""
     row = {"student": student, "scores": {}, "lines": [], "flags": run["flags"], "isolation": isolation_text}
     not_gradable = []
     for ex in spec.exercises:
@@ -439,7 +440,11 @@ def grade_one(student: str, run: dict, spec: LabSpec, cases: dict, expected: dic
             row["lines"].append(f"⏸ {ex.title}: not gradable here: it needs {lacking}, which the grading machine "
                                 f"lacks; no marks counted for or against it")
             continue
-        if internals and ex.forbidden:
+        if internals and spec.submission is not None:
+            lines.append(f"❌ {ex.title}: not trusted: the project uses interpreter internals that can reach the "
+                         f"grader's measures in its process ({'; '.join(internals[:3])}); scored 0 until your "
+                         f"instructor reviews it")
+        elif internals and ex.forbidden:
             lines.append(f"❌ {ex.title}: not trusted: the notebook uses interpreter internals that can hide a "
                          f"forbidden call from the grader ({'; '.join(internals[:3])}); scored 0 until your "
                          f"instructor reviews it")
@@ -530,8 +535,9 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
         try:
             run = run_submission(notebook, spec, inputs, limits, threads=threads, memory_limit_mb=memory_limit_mb,
                                  isolated=problem is None, protected=protected)
-            internals = [] if run["stops"] == ["malformed notebook"] or spec.submission is not None else \
-                interpreter_internals(notebook.read_text(errors="replace"))   # a project's goals forbid nothing
+            internals = [] if run["stops"] in (["malformed notebook"], ["refused project"]) else \
+                project_internals(notebook) if spec.submission is not None else \
+                interpreter_internals(notebook.read_text(errors="replace"))
             internals += [f.removeprefix(RUNTIME_INTERNALS).strip() + " (compiled at run time)" for f in run["flags"]
                           if f.startswith(RUNTIME_INTERNALS)]
             row = grade_one(student, run, spec, cases, expected, isolation.row_isolation(problem, run["cgroup"]),

@@ -1,4 +1,4 @@
-"""What the grader reads in a submission's source, in its own process: the interpreter internals that let
+"""What the grader reads in a submission's source (a notebook's cells, a project's files), in its own process: the interpreter internals that let
 code inside the sandbox reach the grader's harness and recorder (frames, the garbage collector's object
 graph, torch's mode stacks, code objects, raw process creation). No lab needs them; a submission that uses
 them can hide a forbidden call from the recorder, so its exercises with forbidden calls are not trusted.
@@ -36,6 +36,16 @@ def interpreter_internals(notebook_text: str) -> list[str]:
         return []
     return sorted({f"{found} in cell {index}" for index, cell in enumerate(nb.cells) if cell.cell_type == "code"
                    for found in internals_in_source(cell.source)})
+
+
+def project_internals(folder) -> list[str]:
+    """'NAME (what it reaches) in FILE' for each internal a project's Python files name (those that travel to
+    the sandbox: the folder's top level). A project's goals are measured in its own process, where these reach
+    the measures."""
+    from pathlib import Path
+    files = [p for p in sorted(Path(folder).glob("*.py")) if p.is_file() and not p.is_symlink()]
+    return sorted({f"{found} in {path.name}" for path in files
+                   for found in internals_in_source(path.read_text(errors="replace"))})
 
 
 def internals_in_source(source: str) -> list[str]:
