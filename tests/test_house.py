@@ -1,6 +1,7 @@
 """The package's imports run one way (README, "How the collection is built"): no circle among the modules of
-helpers/, counting imports inside functions too (a type-checking import is not one), and the base, which
-every notebook, test and the grader import first, imports nothing above it."""
+helpers/, counting imports inside functions too (a type-checking import is not one), the base, which
+every notebook, test and the grader import first, imports nothing above it, at most three imports run up the
+README's layers, and no module of helpers/ is over 800 lines."""
 from __future__ import annotations
 
 import ast
@@ -22,6 +23,20 @@ def _modules() -> dict[str, Path]:
 def _type_checking_nodes(tree) -> set[int]:
     return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
             for n in ast.walk(node)}
+
+
+# the README's layers, bottom up, by the module's name under helpers (its package for a subpackage's modules);
+# a module not named is a topic module
+LAYERS = {"env": 0, "events": 0, "files": 0, "processes": 0, "device": 1, "bench": 2, "manifest": 2, "checks": 2,
+          "notebooks": 2, "interactive": 4, "progress": 4, "colab": 4, "doctor": 4, "runner": 5, "validation": 5,
+          "capstone": 5, "grading": 5, "__main__": 6}
+TOPIC = 3
+MOST_ARROWS_UP = 3
+MOST_LINES = 800
+
+
+def layer(module: str) -> int:
+    return LAYERS.get(module.split(".")[1], TOPIC) if "." in module else 0   # the package: imported first
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -95,3 +110,16 @@ def test_the_base_imports_nothing_above_it():
     graph = import_graph()
     assert BASE <= set(graph)
     assert {m: sorted(graph[m] - BASE) for m in BASE if graph[m] - BASE} == {}
+
+
+def test_few_imports_run_up_the_layers():
+    """Today one: the package's __init__ subscribes the learner's log when a kernel starts (helpers.progress)."""
+    graph = import_graph()
+    up = sorted((a, b) for a, targets in graph.items() for b in targets if layer(b) > layer(a))
+    assert ("helpers", "helpers.progress") in up and len(up) <= MOST_ARROWS_UP, up
+
+
+def test_no_module_is_over_800_lines():
+    long = {str(p.relative_to(HELPERS)): n for p in HELPERS.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MOST_LINES}
+    assert long == {}, long
