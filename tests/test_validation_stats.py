@@ -305,6 +305,10 @@ def test_rounds_needed_follow_the_noise_and_the_plan_reads_an_a_a_comparison(tmp
     planned = pipeline.plan(compare_runs(a, b), a, b)
     assert [f["figure"] for f in planned["figures"]] == ["w/step"] and planned["seconds_per_pair"] == 1.5
     assert planned["overall"][0.10] == planned["figures"][0]["report"][0.10]
+    single = [fake_run(side, list(rng.lognormal(np.log(0.02), 0.05, 4)), [4]) | {"seconds": {"w": 0.75}}
+              for side in "aaaa"]
+    merged = pipeline.merge_runs(single)        # rounds made one at a time: each round's seconds count
+    assert merged["rounds"] == 4 and merged["seconds"] == {"w": 3.0}
     pipeline.save_run(a, tmp_path / "a.json")
     pipeline.save_run(b, tmp_path / "b.json")
     assert main(["validate", "plan", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0

@@ -275,7 +275,8 @@ def load_run(path: str | Path) -> dict:
 def merge_runs(runs: list[dict], label: str | None = None) -> dict:
     """Rounds of the same environment (the driver interleaves A, B, A, B) as one run: each figure's samples
     pooled, checks from the round that ran them, reference outputs from the first round, and for every
-    output whether later rounds reproduced it bit for bit ("repeatability")."""
+    output whether later rounds reproduced it bit for bit ("repeatability"), and the seconds each step took summed
+    over the rounds."""
     if not runs:
         raise ValueError("merge_runs needs at least one run")
     base = copy.deepcopy({k: v for k, v in runs[0].items()})
@@ -319,6 +320,8 @@ def merge_runs(runs: list[dict], label: str | None = None) -> dict:
             base["checks"].setdefault(c, result)
         for name, err in other["errors"].items():
             base["errors"].setdefault(name, err)
+    base["seconds"] = {step: sum(r.get("seconds", {}).get(step, 0.0) for r in runs)     # every round's, for plan()
+                       for step in {step for r in runs for step in r.get("seconds", {})}}
     base["rounds"] = len(runs)
     base["repeatability"] = repeat
     base["label"] = label or base["label"]
@@ -530,7 +533,8 @@ def plan_text(planned: dict) -> str:
         for f in planned["figures"]]
     for c, k in planned["overall"].items():
         cost = "" if k is None or not planned["seconds_per_pair"] else \
-            f", about {k * planned['seconds_per_pair'] / 60:.0f} min at {planned['seconds_per_pair']:.0f} s a pair"
+            f", about {k * planned['seconds_per_pair'] / 60:.0f} min of timed steps at {planned['seconds_per_pair']:.0f} s " \
+            "a pair (and each run's start-up)"
         lines.append(f"to find a {c:.0%} change in any figure 80% of the time under the report's rule: {n(k)} pairs of "
                      f"rounds{cost}")
     return "\n".join(lines)
