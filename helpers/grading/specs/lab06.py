@@ -85,7 +85,8 @@ def _ops_dispatched(q, k, v, **kwargs):
 
 def _ops_cases(gen):
     x = torch.randn(1, 2, 32, 16, generator=gen)
-    hint = "append func.name() for every op in __torch_dispatch__, call func, and pass every keyword to SDPA"
+    hint = ("the backend is read off the aten ops that really ran below the Python call, each named as func.name() "
+            "names it, with every keyword argument passed on to SDPA")
     v_narrow = torch.randn(1, 2, 32, 8, generator=gen)
     return [
         Case("the default choice", (x, x, x), call="backend_of", hint=hint),
