@@ -32,3 +32,15 @@ def test_unknown_command_and_notebook_fail_clearly(tmp_path):
     assert done.returncode != 0 and "not in helpers/manifest.json: notebooks/nope.ipynb" in done.stderr
     done = run("run", "notebooks/00_start_here.ipynb", "--no-quick", "--check-outputs", "--out", str(tmp_path / "r"))
     assert done.returncode == 2 and "quick mode" in done.stderr
+
+
+def test_the_command_line_never_imports_from_the_folder_it_was_started_in(tmp_path):
+    """A grader started inside a folder of submissions: a student's folder named like a dependency (torch,
+    numpy) is never imported in its place."""
+    for name in ("torch", "numpy"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text('raise RuntimeError("a submission folder was imported")\n')
+    done = subprocess.run([sys.executable, "-m", "helpers", "doctor"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert "a submission folder was imported" not in done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
