@@ -117,6 +117,21 @@ def unpad_through_pack(padded, lengths):
     return attention.pack([row[row.shape[0] - n:] for row, n in zip(padded, lengths)])
 
 
+def unpad_from_the_longest(padded, lengths):
+    # each prompt's rows counted back from the longest prompt, not from the row's end
+    longest = max(lengths)
+    return torch.cat([row[longest - n:longest] for row, n in zip(padded, lengths)]), _offsets(lengths), longest
+
+
+def unpad_zero_rows_as_padding(padded, lengths):
+    # padding found as the all-zero rows, the lengths unused
+    real = padded.abs().sum((-1, -2)) != 0
+    counts = real.sum(1)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = counts.cumsum(0)
+    return padded[real], cu, int(counts.max())
+
+
 def unpad_second_solution(padded, lengths):
     # a right answer written differently: each prompt's tail sliced off, offsets from a Python running sum
     ends, total = [0], 0
@@ -399,6 +414,10 @@ WRONG = [
           "not the padded width"),
     Wrong(L06, "unpad", "total-as-max", unpad_total_as_max, "three prompts: max_len", "not the total"),
     Wrong(L06, "unpad", "calls-pack", unpad_through_pack, "three prompts: the packed tokens", FORBIDDEN_HINT),
+    Wrong(L06, "unpad", "from-the-longest", unpad_from_the_longest,
+          "padded wider than the longest prompt: the packed tokens", "whatever the batch's width"),
+    Wrong(L06, "unpad", "zero-rows-as-padding", unpad_zero_rows_as_padding, "three prompts: the packed tokens",
+          "only the lengths tell which rows are real"),
     Wrong(L06, "ops_dispatched", "drops-kwargs", ops_drops_kwargs, "dropout", "every keyword argument passed on"),
     Wrong(L06, "ops_dispatched", "str-names", ops_str_names, "the default choice", "named as func.name() names it"),
     Wrong(L06, "ops_dispatched", "torch-function-mode", ops_torch_function_mode, "the default choice",

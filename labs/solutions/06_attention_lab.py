@@ -96,11 +96,12 @@ print(f"left-padded attention with your mask vs causal attention per prompt: "
 #
 # Padding costs a left-padded batch the same as a right-padded one: every score of the padded square is
 # computed. `varlen_attn` takes the prompts packed instead, with no padding at all. Write
-# `unpad(padded, lengths)` for a batch laid out as exercise 1's, `(batch, max_len, heads, head_dim)` with
-# each prompt in the last `length` rows of its row, returning `(packed, cu_seq, max_len)`: the real
-# tokens only, prompt after prompt, as `(total_tokens, heads, head_dim)`; the cumulative offsets
-# `[0, n0, n0+n1, ...]` as **int32** (the flash kernel's type); and the longest prompt's length as a
-# Python int.
+# `unpad(padded, lengths)` for a batch `(batch, width, heads, head_dim)` in which each prompt fills the last
+# `length` positions of its row, padding first, as in exercise 1 (before its transpose to heads first);
+# the padding rows may hold anything (a pad token's embedding is not zero), so the lengths alone say which
+# rows are real. Return `(packed, cu_seq, max_len)`: the real tokens only, prompt after prompt, as
+# `(total_tokens, heads, head_dim)`; the cumulative offsets `[0, n0, n0+n1, ...]` as **int32** (the flash
+# kernel's type); and the longest prompt's length as a Python int (which need not be `width`).
 
 # %%
 def unpad(padded: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -41,7 +41,8 @@ def _unpad(padded, lengths):
 
 def _unpad_cases(gen):
     tokens = ("packed holds each prompt's real tokens, prompt after prompt in batch order: a prompt of length n is "
-              "the last n rows of its row of the batch, the padding comes first")
+              "the last n rows of its row of the batch, whatever the batch's width, the padding comes first, and "
+              "only the lengths tell which rows are real")
     dtype = "cumsum of int64 lengths is int64, and the flash kernel's offsets are int32: convert them"
     offsets = ("varlen_attn reads sequence i as the packed rows from cu_seq[i] to cu_seq[i + 1], so cu_seq has one "
                "entry more than there are sequences, and its first and last entries bound the whole packed tensor")
@@ -50,18 +51,19 @@ def _unpad_cases(gen):
     whole = "each part as the visible cases check it: the tokens, cu_seq's values and dtype, and max_len"
 
     def batch(lengths, width=None):
+        """Prompts padded on the left to `width` with padding rows that hold values (a pad token's embedding
+        is not zero): which rows are real follows from the lengths alone."""
         width = width or max(lengths)
-        seqs = [torch.randn(n, 2, 4, generator=gen) for n in lengths]
-        padded = torch.stack([torch.nn.functional.pad(s, (0, 0, 0, 0, width - n, 0)) for s, n in zip(seqs, lengths)])
+        padded = torch.randn(len(lengths), width, 2, 4, generator=gen)
         return padded, list(lengths)
-    three = batch([3, 7, 2])
+    three, wide = batch([3, 7, 2]), batch([4, 2], width=9)
     return [
         Case("three prompts: the packed tokens", three, call="first", hint=tokens),
         Case("three prompts: cu_seq's dtype", three, call="offsets_dtype", hint=dtype),
         Case("three prompts: cu_seq's values", three, call="offsets_as_int64", hint=offsets),
         Case("three prompts: max_len", three, call="max_len_kind", hint=longest),
-        Case("padded wider than the longest prompt: max_len", batch([4, 2], width=9), call="max_len_kind",
-             hint=longest),
+        Case("padded wider than the longest prompt: the packed tokens", wide, call="first", hint=tokens),
+        Case("padded wider than the longest prompt: max_len", wide, call="max_len_kind", hint=longest),
         Case("one prompt, no padding", batch([5]), hidden=True, hint=whole),
         Case("prompts of length 1", batch([1, 9, 1, 4], width=12), hidden=True, hint=whole),
     ]
