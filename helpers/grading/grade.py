@@ -535,9 +535,12 @@ def grade_submissions(lab: str, submissions: str | Path, *, out_dir: str | Path 
         try:
             run = run_submission(notebook, spec, inputs, limits, threads=threads, memory_limit_mb=memory_limit_mb,
                                  isolated=problem is None, protected=protected)
-            internals = [] if run["stops"] in (["malformed notebook"], ["refused project"]) else \
-                project_internals(notebook) if spec.submission is not None else \
-                interpreter_internals(notebook.read_text(errors="replace"))
+            if run["stops"] in (["malformed notebook"], ["refused project"]):
+                internals = []
+            elif spec.submission is not None:
+                internals = project_internals(notebook)
+            else:
+                internals = interpreter_internals(notebook.read_text(errors="replace"))
             internals += [f.removeprefix(RUNTIME_INTERNALS).strip() + " (compiled at run time)" for f in run["flags"]
                           if f.startswith(RUNTIME_INTERNALS)]
             row = grade_one(student, run, spec, cases, expected, isolation.row_isolation(problem, run["cgroup"]),

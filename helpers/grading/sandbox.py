@@ -30,6 +30,7 @@ import contextlib
 import importlib
 import inspect
 import io
+import operator
 import os
 import pickle
 import resource
@@ -195,7 +196,6 @@ WATCHED = ("sys.setprofile", "sys.getprofile", "threading.setprofile", "torch.sa
 
 def _roots() -> dict:
     """The objects the watched labels start from, by the name that starts the label."""
-    import resource
     import statistics
     import threading
 
@@ -248,10 +248,11 @@ FUNCTION_PARTS = ("__code__", "__defaults__", "__kwdefaults__", "__closure__")
 
 def _part(fn, part: str):
     """A function's part as a value that compares by identity: its code, its defaults tuple, and its keyword
-    defaults and closure cells' contents as tuples of the objects they hold (both can be changed in place)."""
+    defaults (names and values) and closure cells' contents as tuples of the objects they hold, compared one by
+    one (both can be changed in place)."""
     value = getattr(fn, part)
     if part == "__kwdefaults__" and value is not None:
-        return tuple(value.items())
+        return tuple(x for item in value.items() for x in item)
     if part == "__closure__" and value is not None:
         return tuple(_contents(cell) for cell in value)
     return value
@@ -296,12 +297,6 @@ def _notebook_threads(baseline: set) -> list[str]:
     return found
 
 
-def _identical(a, b) -> bool:
-    if isinstance(a, tuple) and isinstance(b, tuple):    # a kwdefaults item (name, value)
-        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-    return a is b
-
-
 def tampered(originals: tuple) -> list[str]:
     """The labels of `originals` that name another object now."""
     try:
@@ -312,8 +307,8 @@ def tampered(originals: tuple) -> list[str]:
     for label, original in originals:
         try:
             now = _current(label, roots)
-            same = now is original or (isinstance(original, tuple) and label.endswith(("__kwdefaults__", "__closure__"))
-                                       and len(now) == len(original) and all(map(_identical, now, original)))
+            same = now is original or (label.endswith(("__kwdefaults__", "__closure__")) and isinstance(original, tuple)
+                                       and len(now) == len(original) and all(map(operator.is_, now, original)))
         except Exception:
             same = False
         if not same:

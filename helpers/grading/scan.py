@@ -1,6 +1,6 @@
-"""What the grader reads in a submission's source (a notebook's cells, a project's files), in its own process: the interpreter internals that let
-code inside the sandbox reach the grader's harness and recorder (frames, the garbage collector's object
-graph, torch's mode stacks, code objects, raw process creation). No lab needs them; a submission that uses
+"""What the grader reads in a submission's source (a notebook's cells, a project's files), in its own process:
+the interpreter internals that let code inside the sandbox reach the grader's harness and recorder (frames,
+the garbage collector's object graph, torch's mode stacks, code objects, raw process creation). No lab needs them; a submission that uses
 them can hide a forbidden call from the recorder, so its exercises with forbidden calls are not trusted.
 
 Not scanned: what the sandbox's audit hook refuses when it runs (the garbage collector's object graph,
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
 INTERNALS = {
     "_getframe": "frames", "f_back": "frames", "f_locals": "frames", "f_globals": "frames",
@@ -42,7 +43,6 @@ def project_internals(folder) -> list[str]:
     """'NAME (what it reaches) in FILE' for each internal a project's Python files name (those that travel to
     the sandbox: the folder's top level). A project's goals are measured in its own process, where these reach
     the measures."""
-    from pathlib import Path
     files = [p for p in sorted(Path(folder).glob("*.py")) if p.is_file() and not p.is_symlink()]
     return sorted({f"{found} in {path.name}" for path in files
                    for found in internals_in_source(path.read_text(errors="replace"))})

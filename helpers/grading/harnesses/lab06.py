@@ -11,10 +11,6 @@ import torch
 RIGHT_MASK = "no mistake"
 
 
-def _left_pads(lengths, max_len) -> torch.Tensor:
-    return max_len - torch.as_tensor(lengths)
-
-
 def mask_mistakes(fn, lengths, max_len, heads) -> str:
     """What a mask for left-padded prompts gets wrong on the real queries' rows (a prompt of length n fills
     the last n positions), in words that name the mistake; RIGHT_MASK when there is none. The padding
@@ -29,7 +25,7 @@ def mask_mistakes(fn, lengths, max_len, heads) -> str:
     except RuntimeError:
         return f"shape {tuple(mask.shape)} does not broadcast to (batch, heads, queries, keys) = {full}"
     pos = torch.arange(max_len)
-    pads = _left_pads(lengths, max_len)[:, None, None, None]
+    pads = (max_len - torch.as_tensor(lengths))[:, None, None, None]
     query, key = pos[:, None], pos[None, :]
     want = (key >= pads) & (key <= query)
     real_rows = (query >= pads).expand(full)
