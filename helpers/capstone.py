@@ -20,7 +20,8 @@ Speed is judged like the validation pipeline judges a timing (helpers.validation
 gain counts only when its 95% paired interval lies above 1 and the gain itself is at least 1 + SPEED_GAIN: the
 pipeline's verdict (an improvement beyond stats.MIN_CHANGE) is what the learner's report states, and the goal
 asks a step the learner made, not a difference of two builds of the same code (timing the starting code
-against itself gave 0.91-1.12x on a loaded machine).
+against itself gave 0.91-1.12x on a loaded machine). The starting code is timed in a process of its own
+(helpers.capstone_baseline): in the project's process a project could slow it and forge a gain.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from helpers import checks, memory
+from helpers import capstone_baseline, checks, memory
 from helpers.validation import stats, workloads
 
 REPO = Path(__file__).resolve().parents[1]
@@ -332,26 +333,41 @@ def _export_and_load(project, model, folder) -> tuple[object, int]:
 
 # --- Speed ----------------------------------------------------------------------------------------------
 
-def paired_rounds(run_a, run_b, rounds: int, calls: int, settle: float = 0.05) -> tuple[list[float], list[float], str]:
+def _others() -> float:
+    """CPU seconds of this process's threads other than the calling one (and of those that ended)."""
+    return workloads.cpu_seconds() - time.thread_time()
+
+
+def paired_rounds(baseline, run, rounds: int, calls: int, settle: float = 0.05) -> tuple[list[float], list[float], str]:
     """Each round times `calls` calls of each side back to back, A first in even rounds and B first in odd
     ones, with `settle` seconds before each side (what one side left running in the background, a loader's
-    worker processes refilling their queue, must not be timed as the other's); returns each side's per-round
-    medians in seconds, round i of A paired with round i of B, and the clock: the process's CPU time at one
-    intra-op thread, as the validation pipeline times (helpers.validation.workloads.timing_clock: time spent
-    descheduled by other work on the machine does not count), else wall time."""
+    worker processes refilling their queue, must not be timed as the other's). A is `baseline(calls)`, the
+    starting code timed in its own process (helpers.capstone_baseline); B is `run`, the project, timed here.
+    Returns each side's per-round medians in seconds, round i of A paired with round i of B, and the clock: the
+    process's CPU time at one intra-op thread, as the validation pipeline times (helpers.validation.workloads.
+    timing_clock: time spent descheduled by other work on the machine does not count), else wall time. What
+    this process's other threads spend outside B's timed calls (a thread the project left running while A was
+    timed) is B's too: added to its round, per call."""
     clock = workloads.timing_clock(torch.device("cpu"))
     now = workloads.cpu_seconds if clock == "cpu" else time.perf_counter
     medians = {"a": [], "b": []}
     for r in range(rounds):
+        background = 0.0
         for side in ("ab" if r % 2 == 0 else "ba"):
-            run = run_a if side == "a" else run_b
+            before = _others()
             time.sleep(settle)
+            if side == "a":
+                medians["a"].append(statistics.median(baseline(calls)))
+                background += _others() - before
+                continue
+            background += _others() - before
             times = []
             for _ in range(calls):
                 t0 = now()
                 run()
                 times.append(now() - t0)
-            medians[side].append(statistics.median(times))
+            medians["b"].append(statistics.median(times))
+        medians["b"][-1] += max(background, 0.0) / calls
     return medians["a"], medians["b"], clock
 
 
@@ -388,36 +404,45 @@ def _trainer(project, w: dict, steps: int):
     return project.train.make_trainer(config(project, w), batches, w["seed"], w["lr"])
 
 
+def timed_call(project, goal: str, w: dict, calls: int, folder):
+    """What a timed goal times, on the project's own pipeline: a training step (next batch, forward, backward,
+    optimizer step) of a trainer built for `calls` steps, or batch-1 next_token_logits on a seq_len prompt,
+    served (exported into `folder`, loaded)."""
+    if goal == "train_speed":
+        return _trainer(project, w, calls).step
+    generator = torch.Generator().manual_seed(w["seed"])
+    prompt = torch.randint(w["model"]["vocab_size"], (1, w["seq_len"]), generator=generator)
+    served, _ = _export_and_load(project, project.model.build_model(config(project, w), w["seed"]), folder)
+    return lambda: project.serve.next_token_logits(served, prompt)
+
+
+def _measure_speed(goal: str, project, start, w: dict, rounds: int, calls: int, warmup: int,
+                   threads_used: int | None) -> dict:
+    """The starting code (A, in a process of its own) and the project (B) in paired rounds, both on
+    `threads_used` intra-op threads (None: as set), each call built and warmed up on its side."""
+    total = warmup + rounds * calls
+    with threads(threads_used), tempfile.TemporaryDirectory() as folder, \
+            capstone_baseline.started(start, goal, w, total, warmup) as baseline:
+        run = timed_call(project, goal, w, total, folder)
+        for _ in range(warmup):
+            run()
+        a, b, clock = paired_rounds(baseline, run, rounds, calls)
+        if baseline.clock != clock:
+            raise RuntimeError(f"the starting code was timed on the {baseline.clock} clock, the project on the {clock}")
+        return {"start": a, "project": b, "clock": clock, "threads": torch.get_num_threads(),
+                "start_digest": baseline.digest}
+
+
 def measure_train_speed(project, start, w: dict, given: dict, rounds: int = 6, calls: int = 5, warmup: int = 3,
                         threads_used: int | None = None) -> dict:
-    """Training step time (next batch, forward, backward, optimizer step) of the starting code (A) and the
-    project (B) in paired rounds, both on `threads_used` intra-op threads (None: as set)."""
-    steps = warmup + rounds * calls
-    with threads(threads_used):
-        a, b = _trainer(start, w, steps), _trainer(project, w, steps)
-        for _ in range(warmup):
-            a.step()
-            b.step()
-        return dict(zip(("start", "project", "clock"), paired_rounds(a.step, b.step, rounds, calls)),
-                    threads=torch.get_num_threads())
+    """Training step time of the starting code and the project in paired rounds (_measure_speed)."""
+    return _measure_speed("train_speed", project, start, w, rounds, calls, warmup, threads_used)
 
 
 def measure_serve_latency(project, start, w: dict, given: dict, rounds: int = 6, calls: int = 20, warmup: int = 3,
                           threads_used: int | None = None) -> dict:
-    """Batch-1 latency of next_token_logits on a seq_len prompt, served (export, load), of the starting code
-    (A) and the project (B) in paired rounds, both on `threads_used` intra-op threads (None: as set)."""
-    generator = torch.Generator().manual_seed(w["seed"])
-    prompt = torch.randint(w["model"]["vocab_size"], (1, w["seq_len"]), generator=generator)
-    runs = []
-    with tempfile.TemporaryDirectory() as folder:
-        for side in (start, project):
-            served, _ = _export_and_load(side, side.model.build_model(config(side, w), w["seed"]), folder)
-            runs.append(lambda side=side, served=served: side.serve.next_token_logits(served, prompt))
-    with threads(threads_used):
-        for run in runs * warmup:
-            run()
-        return dict(zip(("start", "project", "clock"), paired_rounds(*runs, rounds, calls)),
-                    threads=torch.get_num_threads())
+    """Batch-1 serving latency of the starting code and the project in paired rounds (_measure_speed)."""
+    return _measure_speed("serve_latency", project, start, w, rounds, calls, warmup, threads_used)
 
 
 def _judge_speed(goal: str):
@@ -425,6 +450,8 @@ def _judge_speed(goal: str):
         a, b = (_numbers(measured[side], MAX_ROUNDS) for side in ("start", "project"))
         if len(a) != len(b) or len(a) < 2 or min(a + b) <= 0:
             raise ValueError(f"rounds that cannot be paired: {len(a)} and {len(b)} medians")
+        if measured.get("start_digest") != capstone_baseline.digest(capstone_baseline.sources(START)):
+            raise ValueError("the code timed as the starting code is not the starting code of 10_capstone/")
         return speed_verdict(goal, a, b) | {"threads": int(measured["threads"]), "clock": str(measured["clock"])}
     judge.__doc__ = f"The {goal} gain of the project over the starting code: the pipeline's paired verdict."
     return judge

@@ -5,6 +5,7 @@ Every goal on a workload other than the visible one is the guide notebook's last
 (every untimed goal passed) the suite and each environment of the matrix compare."""
 import json
 import shutil
+import threading
 
 import pytest
 import torch
@@ -195,6 +196,48 @@ def test_smaller_but_inaccurate_is_rejected(coarse, reference, start):
 def test_a_fix_for_the_visible_workload_only_fails_a_hidden_one(visible_only, reference):
     assert goal("causality", visible_only, reference)["passed"]
     assert not goal("causality", visible_only, reference, capstone.workload(seed=3, seq_len=48))["passed"]
+
+
+# Two ways a project in the grader's process could slow the starting code while it is timed; side A runs in a
+# process of its own (helpers.capstone_baseline), so neither earns a gain the project did not make.
+SLOWER_LOSS = [("import torch.nn.functional as F\n",
+                "import time\n\nimport torch.nn.functional as F\n\n_ORIGINAL = F.cross_entropy\n\n\n"
+                "def _costly(*args, **kwargs):   # what the starting code calls, 20 ms slower\n"
+                "    t0 = time.process_time()\n    while time.process_time() - t0 < 0.02:\n        pass\n"
+                "    return _ORIGINAL(*args, **kwargs)\n\n\nF.cross_entropy = _costly\n"),
+               ("return F.cross_entropy(", "return _ORIGINAL(")]
+SPINNING = [("import torch.nn.functional as F\n",
+             "import threading\nimport time\n\nimport torch.nn.functional as F\n\nOWN, STOP = threading.Event(), threading.Event()\n\n\n"
+             "def _spin():   # burns CPU whenever the project's own step is not running\n"
+             "    while not STOP.is_set():\n        if OWN.is_set():\n            time.sleep(0.0002)\n"
+             "        else:\n            sum(range(10_000))\n\n\n"
+             "threading.Thread(target=_spin, daemon=True).start()\n"),
+            ("        inputs, targets = next(self.batches)\n",
+             "        OWN.set()\n        try:\n            return self._step()\n        finally:\n            OWN.clear()\n\n"
+             "    def _step(self) -> float:\n        inputs, targets = next(self.batches)\n")]
+
+
+@pytest.mark.parametrize("edits", [SLOWER_LOSS, SPINNING], ids=["slows-what-the-start-calls", "spins-a-thread"])
+def test_a_project_slowing_the_starting_code_earns_no_speed(tmp_path, reference, start, edits):
+    """Both forged a 1.5-3x training 'gain' when the starting code was timed in the project's process: a torch
+    function only the starting code calls made slower, or a thread burning CPU whenever the project's own step
+    is not running (the CPU clock is the process's). Now the first cannot reach side A, and what the second
+    burns while A is timed is charged to the project's rounds."""
+    before = torch.nn.functional.cross_entropy
+    forged = variant(capstone.START, tmp_path / "project", {"train.py": edits})
+    try:
+        result = goal("train_speed", forged, reference, start=start, rounds=4, threads_used=1)
+    finally:
+        torch.nn.functional.cross_entropy = before
+        getattr(forged.train, "STOP", threading.Event()).set()
+    assert "error" not in result and not result["passed"] and result["gain"] < 1 + capstone.SPEED_GAIN, result
+
+
+def test_the_starting_code_timed_must_be_the_starting_code(tmp_path, reference, start):
+    """Side A's process reports a digest of the sources it ran; a copy of the starting code rewritten in the
+    sandbox (here: the solution handed in as the starting code) fails the goal."""
+    result = goal("serve_latency", reference, reference, start=reference, rounds=2, threads_used=1)
+    assert not result["passed"] and "is not the starting code" in result["error"], result
 
 
 def rounds_result(name, start_rounds, project_rounds):

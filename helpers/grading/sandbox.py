@@ -189,7 +189,8 @@ def _sender(fd: int):
 
 
 WATCHED = ("sys.setprofile", "sys.getprofile", "threading.setprofile", "torch.save", "os.write",
-           "time.perf_counter", "time.process_time", "resource.getrusage", "statistics.median",
+           "time.perf_counter", "time.process_time", "time.thread_time", "resource.getrusage", "statistics.median",
+           "subprocess.Popen", "subprocess.Popen.__init__", "subprocess.Popen._execute_child",
            "TorchFunctionMode.__enter__", "TorchFunctionMode.__exit__",
            "TorchDispatchMode.__enter__", "TorchDispatchMode.__exit__")
 
@@ -197,6 +198,7 @@ WATCHED = ("sys.setprofile", "sys.getprofile", "threading.setprofile", "torch.sa
 def _roots() -> dict:
     """The objects the watched labels start from, by the name that starts the label."""
     import statistics
+    import subprocess
     import threading
 
     import torch
@@ -205,6 +207,7 @@ def _roots() -> dict:
     import helpers.grading.judge as judge
     return {"sys": sys, "threading": threading, "torch": torch, "os": os, "io": io, "pickle": pickle, "time": time,
             "resource": resource, "statistics": statistics,
+            "subprocess": subprocess,
             "TorchFunctionMode": torch.overrides.TorchFunctionMode,
             "TorchDispatchMode": torch.utils._python_dispatch.TorchDispatchMode,
             **{m.__name__: m for m in _harness_modules()}, harnesses.__name__: harnesses, judge.__name__: judge,
