@@ -74,6 +74,21 @@ def backend_from_ops(names) -> str:
     raise RuntimeError("no SDPA kernel ran (no fused attention op, no matmul)")
 
 
+def backward_backend_from_ops(names) -> str:
+    """Name the SDPA backend whose backward ran, from the aten ops one backward pass dispatched: a fused
+    backend's backward is its forward op's name with `_backward`; MATH's is ordinary ops (bmm,
+    _softmax_backward_data)."""
+    fused = {BACKEND_OPS[n.removesuffix("_backward")] for n in names
+             if n.endswith("_backward") and n.removesuffix("_backward") in BACKEND_OPS}
+    if len(fused) > 1:
+        raise RuntimeError(f"expected one SDPA backend's backward, found {sorted(fused)}")
+    if fused:
+        return fused.pop()
+    if "aten::_softmax_backward_data" in names:
+        return "MATH"
+    raise RuntimeError("no SDPA backward ran (no fused attention backward, no softmax backward)")
+
+
 def backend_that_runs(q, k, v, backends: list[str] | None = None, **sdpa_kwargs) -> str:
     """Run SDPA once, recording the aten ops it dispatches, and name the backend that ran.
 

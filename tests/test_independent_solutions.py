@@ -23,7 +23,7 @@ EXERCISES = {
     ("00_warmup_lab", "lab00"): ["softmax", "rms_norm"],
     ("02_fusion_lab", "lab02"): ["combo_grid", "launch_three_part", "plan_combo_launch", "predicted_kernel_functions"],
     ("05_quantization_lab", "lab05"): ["quantize_weight", "int8_linear", "quantize_model", "choose_plan"],
-    ("06_attention_lab", "lab06"): ["generation_mask", "unpad", "ops_dispatched", "bucketed_attention",
+    ("06_attention_lab", "lab06"): ["generation_mask", "unpad", "backward_ops", "bucketed_attention",
                                     "prefix_lm_mask_mod", "choose_bucket_count"],
 }
 CASES = [(lab, module, function) for (lab, module), functions in EXERCISES.items() for function in functions]

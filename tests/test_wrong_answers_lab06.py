@@ -92,6 +92,11 @@ def unpad_counts(padded, lengths):
     return padded[_real_rows(padded, lengths)], torch.tensor([0] + lengths, dtype=torch.int32), max(lengths)
 
 
+def unpad_offsets_as_list(padded, lengths):
+    # the running sum as a Python list
+    return padded[_real_rows(padded, lengths)], [sum(lengths[:i]) for i in range(len(lengths) + 1)], max(lengths)
+
+
 def unpad_int64_offsets(padded, lengths):
     # the running sum left in int64
     return padded[_real_rows(padded, lengths)], torch.tensor([0] + lengths).cumsum(0), max(lengths)
@@ -152,31 +157,68 @@ class _Record(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def ops_drops_kwargs(q, k, v, **kwargs):
-    # records correctly but calls SDPA without the keyword arguments
+def _leaves(*tensors):
+    return [t.detach().requires_grad_() for t in tensors]
+
+
+def backward_drops_kwargs(q, k, v, **kwargs):
+    # records the backward correctly but runs SDPA without the keyword arguments
+    q, k, v = _leaves(q, k, v)
+    out = F.scaled_dot_product_attention(q, k, v)
     with _Record(lambda f: f.name()) as rec:
-        F.scaled_dot_product_attention(q, k, v)
+        out.backward(torch.ones_like(out))
     return rec.names
 
 
-def ops_str_names(q, k, v, **kwargs):
+def backward_str_names(q, k, v, **kwargs):
     # str(func) ("aten.bmm.default") instead of func.name() ("aten::bmm")
+    q, k, v = _leaves(q, k, v)
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
     with _Record(str) as rec:
-        F.scaled_dot_product_attention(q, k, v, **kwargs)
+        out.backward(torch.ones_like(out))
     return rec.names
 
 
-def ops_torch_function_mode(q, k, v, **kwargs):
-    # a TorchFunctionMode: sees the Python call, not the aten ops under it
+def backward_torch_function_mode(q, k, v, **kwargs):
+    # a TorchFunctionMode: sees Python-level calls, not the aten ops the backward dispatches
     names = []
 
     class Record(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             names.append(getattr(func, "__name__", str(func)))
             return func(*args, **(kwargs or {}))
+    q, k, v = _leaves(q, k, v)
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
     with Record():
-        F.scaled_dot_product_attention(q, k, v, **kwargs)
+        out.backward(torch.ones_like(out))
     return names
+
+
+def backward_with_the_forward(q, k, v, **kwargs):
+    # the whole training step recorded: the forward's ops come back with the backward's
+    q, k, v = _leaves(q, k, v)
+    with _Record(lambda f: f.name()) as rec:
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+        out.backward(torch.ones_like(out))
+    return rec.names
+
+
+def backward_outside_the_mode(q, k, v, **kwargs):
+    # the forward recorded, the backward run after the mode closed
+    q, k, v = _leaves(q, k, v)
+    with _Record(lambda f: f.name()) as rec:
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    out.backward(torch.ones_like(out))
+    return rec.names
+
+
+def backward_without_grad(q, k, v, **kwargs):
+    # no input requires grad, so there is no backward to record (and .backward() would raise): returns nothing
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with _Record(lambda f: f.name()) as rec:
+        if out.requires_grad:
+            out.backward(torch.ones_like(out))
+    return rec.names
 
 
 def bucketed_unsorted(seqs, n_buckets):
@@ -248,14 +290,14 @@ def bucketed_second_solution(seqs, n_buckets):
     return [placed[i] for i in range(n)]
 
 
-def ops_guess_from_kwargs(q, k, v, **kwargs):
+def backward_guess_from_kwargs(q, k, v, **kwargs):
     # review m13: names the backend from the arguments, without recording anything
-    F.scaled_dot_product_attention(q, k, v, **kwargs)
-    return ["aten::bmm"] if kwargs.get("dropout_p") else ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+    return (["aten::bmm", "aten::_softmax_backward_data"] if kwargs.get("dropout_p")
+            else ["aten::_scaled_dot_product_flash_attention_for_cpu_backward"])
 
 
-def ops_second_solution(q, k, v, **kwargs):
-    # a right answer written otherwise: the mode records into a list it is given, entered with enter/exit
+def backward_second_solution(q, k, v, **kwargs):
+    # a right answer written otherwise: the gradient taken with torch.autograd.grad, the mode entered by hand
     names = []
 
     class Names(torch.utils._python_dispatch.TorchDispatchMode):
@@ -263,10 +305,13 @@ def ops_second_solution(q, k, v, **kwargs):
             out = func(*args, **(kwargs or {}))
             names.append(func.name())
             return out
+    leaves = [t.clone().detach().requires_grad_(True) for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, **kwargs)
+    grad = torch.ones_like(out)
     mode = Names()
     mode.__enter__()
     try:
-        F.scaled_dot_product_attention(q, k, v, **kwargs)
+        torch.autograd.grad(out, leaves, grad)
     finally:
         mode.__exit__(None, None, None)
     return names
@@ -409,6 +454,7 @@ WRONG = [
     Wrong(L06, "unpad", "counts-not-offsets", unpad_counts, "three prompts: cu_seq's values",
           "from cu_seq[i] to cu_seq[i + 1]"),
     Wrong(L06, "unpad", "int64-offsets", unpad_int64_offsets, "three prompts: cu_seq's dtype", "int32"),
+    Wrong(L06, "unpad", "offsets-as-list", unpad_offsets_as_list, "three prompts: cu_seq's dtype", "a list, not a tensor"),
     Wrong(L06, "unpad", "tensor-max-len", unpad_tensor_max, "three prompts: max_len", "a 0-d tensor is not an int"),
     Wrong(L06, "unpad", "width-as-max", unpad_width_as_max, "padded wider than the longest prompt: max_len",
           "not the padded width"),
@@ -418,12 +464,18 @@ WRONG = [
           "padded wider than the longest prompt: the packed tokens", "whatever the batch's width"),
     Wrong(L06, "unpad", "zero-rows-as-padding", unpad_zero_rows_as_padding, "three prompts: the packed tokens",
           "only the lengths tell which rows are real"),
-    Wrong(L06, "ops_dispatched", "drops-kwargs", ops_drops_kwargs, "dropout", "every keyword argument passed on"),
-    Wrong(L06, "ops_dispatched", "str-names", ops_str_names, "the default choice", "named as func.name() names it"),
-    Wrong(L06, "ops_dispatched", "torch-function-mode", ops_torch_function_mode, "the default choice",
-          "aten ops that really ran below the Python call"),
-    Wrong(L06, "ops_dispatched", "guess-from-kwargs", ops_guess_from_kwargs,
-          "v of another head dim: MATH without dropout", "never guessed from the arguments"),
+    Wrong(L06, "backward_ops", "drops-kwargs", backward_drops_kwargs, "dropout", "every keyword argument passed on"),
+    Wrong(L06, "backward_ops", "str-names", backward_str_names, "the default choice", "named as func.name() names it"),
+    Wrong(L06, "backward_ops", "torch-function-mode", backward_torch_function_mode, "the default choice",
+          "each aten op named as func.name() names it"),
+    Wrong(L06, "backward_ops", "with-the-forward", backward_with_the_forward, "the default choice",
+          "the forward's ops recorded too"),
+    Wrong(L06, "backward_ops", "forward-only", backward_outside_the_mode, "the default choice",
+          "the forward's ops recorded too"),
+    Wrong(L06, "backward_ops", "no-grad", backward_without_grad, "the default choice",
+          "no SDPA backward among the 0 ops recorded"),
+    Wrong(L06, "backward_ops", "guess-from-kwargs", backward_guess_from_kwargs, "v of another head dim",
+          "never guessed from the arguments"),
     Wrong(L06, "bucketed_attention", "unsorted", bucketed_unsorted, "each bucket holds consecutive lengths",
           "sort the sequences by length"),
     Wrong(L06, "bucketed_attention", "sorted-output", bucketed_sorted_order, "values, in the original order",
@@ -456,7 +508,7 @@ WRONG = [
           "the square of its longest length"),
 ]
 
-SECOND_SOLUTIONS = [("unpad", unpad_second_solution), ("ops_dispatched", ops_second_solution),
+SECOND_SOLUTIONS = [("unpad", unpad_second_solution), ("backward_ops", backward_second_solution),
                     ("bucketed_attention", bucketed_second_solution), ("prefix_lm_mask_mod", prefix_lm_second_solution),
                     ("choose_bucket_count", bucket_count_second_solution),
                     ("choose_bucket_count", bucket_count_least_padding)]

@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 SEED = 0
 MATCH_HINT = "say what was wrong and how to fix it"      # judge_case's hint when a message lacks `match`
 FORBIDDEN_HINT = "refused in this exercise under any name"   # judge_case's line for a forbidden call
-NAMING_HARNESSES = ("interval_named", "default_read_ahead", "streams", "mask_mistakes")   # harnesses whose result names the mistake (the hint is more general)
+NAMING_HARNESSES = ("interval_named", "default_read_ahead", "streams", "mask_mistakes", "offsets_dtype",
+                    "backward_backend_of")   # harnesses whose result names the mistake (the hint is more general)
 # judge_case compares through helpers.checks.check_close / check_equal, whose type, shape and dtype
 # checks (check_tensor) fail with their own generic hint and drop the case's
 HINT_DROPPED = ("hint dropped: a wrong type, shape or dtype fails in helpers.checks.check_tensor, whose "

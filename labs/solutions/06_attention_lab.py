@@ -3,10 +3,10 @@
 #
 # | | |
 # |---|---|
-# | **What you will learn** | derive the SDPA mask for causal attention over prompts padded on the left; unpad that batch into the packed layout `varlen_attn` wants; name the SDPA kernel that ran from the aten ops it dispatched; cut padding waste by bucketing sequences by length, and choose the bucket count from what a call costs on this machine; derive a FlexAttention `mask_mod` the lesson does not show (prefix-LM over packed documents) |
+# | **What you will learn** | derive the SDPA mask for causal attention over prompts padded on the left; unpad that batch into the packed layout `varlen_attn` wants; name the SDPA kernel that runs the backward pass from the aten ops it dispatches, and predict it; cut padding waste by bucketing sequences by length, and choose the bucket count from what a call costs on this machine; derive a FlexAttention `mask_mod` the lesson does not show (prefix-LM over packed documents) |
 # | **Prerequisites** | lesson 06 |
 # | **Hardware** | any CPU |
-# | **Time** | 67 minutes |
+# | **Time** | 72 minutes |
 # | **Verified with torch** | quick run and stored outputs pass on 2.10.0+cu128 (env cuda: CUDA 12.8 build, no GPU), 2.13.0+cpu (env minimal: CPU build) (make matrix, 2026-12-02) |
 #
 # Each exercise cell is followed by a check cell. `check(LAB, function)` runs the visible cases of the
@@ -46,6 +46,7 @@ from helpers import attention
 from helpers.device import pick_device, quick_mode
 from helpers.grading.checks import check
 from helpers.grading.harnesses.lab06 import padded_attention_calls
+from helpers.interactive import predict, reveal
 
 QUICK = quick_mode(QUICK)
 DEVICE = pick_device()
@@ -129,18 +130,28 @@ print(f"varlen_attn on your packing: {tuple(packed.shape)} in, {tuple(out.shape)
       f"cu_seq {cu_seq.tolist()}, max_len {max_len}; the prompts' own tokens: {torch.equal(packed, torch.cat(seqs))}")
 
 # %% [markdown]
-# ## Exercise 3: which kernel ran?
+# ## Exercise 3: what the backward runs
 #
-# Write a `TorchDispatchMode` that records `func.name()` for every aten op dispatched inside it, run
-# `F.scaled_dot_product_attention(q, k, v, **kwargs)` inside it, and return the recorded names.
-# `attention.backend_from_ops(names)` then names the backend: a fused backend is one op of its own,
-# `MATH` shows up as ordinary ops (`bmm`, `_safe_softmax`). The check runs calls where the fused kernel
-# declines for a reason other than dropout, so only the ops that really ran give the right answer.
+# Training runs SDPA twice: the forward, and its backward when `loss.backward()` reaches it. Which kernel
+# runs the backward? Write `backward_ops(q, k, v, **kwargs)`: run `F.scaled_dot_product_attention(q, k, v,
+# **kwargs)` on copies of `q`, `k`, `v` that require grad, then record with a `TorchDispatchMode` of your own
+# the name (`func.name()`) of every aten op that `out.backward(torch.ones_like(out))` dispatches, and return
+# the names: the backward's ops only, none of the forward's. `attention.backward_backend_from_ops(names)`
+# names the backend from them: a fused backend's backward is one op of its own (its forward op's name with
+# `_backward`), MATH's is ordinary ops (`bmm`, `_softmax_backward_data`). The check runs calls where the
+# fused forward declines for a reason other than dropout, so only the ops that really ran give the right
+# answer.
+#
+# On this CPU, `dropout_p=0.2` sends the forward to MATH (lesson 06). Before you write it:
+
+# %% tags=["predict"]
+backward_guess = predict("With dropout_p=0.2, which backend runs the backward of that SDPA call on this CPU?",
+                         options=("FLASH_ATTENTION", "MATH"), example="FLASH_ATTENTION")
 
 # %%
 from torch.utils._python_dispatch import TorchDispatchMode
 
-def ops_dispatched(q, k, v, **kwargs) -> list[str]:
+def backward_ops(q, k, v, **kwargs) -> list[str]:
     ### BEGIN SOLUTION
     class Record(TorchDispatchMode):
         def __init__(self):
@@ -151,20 +162,31 @@ def ops_dispatched(q, k, v, **kwargs) -> list[str]:
             self.names.append(func.name())
             return func(*args, **(kwargs or {}))
 
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    grad = torch.ones_like(out)
     with Record() as rec:
-        F.scaled_dot_product_attention(q, k, v, **kwargs)
+        out.backward(grad)
     return rec.names
     ### END SOLUTION
 
 
 # %% tags=["nbval-check-output"]
-check("06_attention_lab", ops_dispatched)
+check("06_attention_lab", backward_ops)
 
 # %%
-# your recorder in use: the backend SDPA chose on this machine, by default and with dropout
+# your recorder in use: the forward's backend and the backward's, by default and with dropout
 x = torch.randn(1, 2, 32, 16)
 for kwargs in ({}, {"dropout_p": 0.2}):
-    print(f"{kwargs or 'defaults'}: {attention.backend_from_ops(ops_dispatched(x, x, x, **kwargs))}")
+    forward = attention.backend_that_runs(x, x, x, **kwargs)
+    backward = attention.backward_backend_from_ops(backward_ops(x, x, x, **kwargs))
+    print(f"{kwargs or 'defaults'}: forward {forward}, backward {backward}")
+
+# %% tags=["reveal"]
+reveal(backward_guess, backward,
+       why=f"the forward ran on {forward}, and autograd recorded that forward's own derivative when it ran: the "
+           f"backward is that, {backward}. A backend the forward declined never runs the backward, so what a "
+           f"training step costs follows the forward's choice twice")
 
 
 # %% [markdown]

@@ -40,9 +40,12 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def ops_dispatched(q, k, v, **kwargs) -> list[str]:
+def backward_ops(q, k, v, **kwargs) -> list[str]:
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*inputs, **kwargs)
+    seed = torch.ones_like(out)
     with _Recorder() as recorder:
-        F.scaled_dot_product_attention(q, k, v, **kwargs)
+        out.backward(seed)
     return recorder.names
 
 

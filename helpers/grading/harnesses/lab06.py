@@ -50,7 +50,9 @@ def offsets_as_int64(fn, *args) -> torch.Tensor:
 
 
 def offsets_dtype(fn, *args) -> str:
-    return str(torch.as_tensor(fn(*args)[1]).dtype)
+    """unpad's offsets' dtype, or what they are when they are not a tensor (a list, a numpy array)."""
+    offsets = fn(*args)[1]
+    return str(offsets.dtype) if isinstance(offsets, torch.Tensor) else f"a {type(offsets).__name__}, not a tensor"
 
 
 def max_len_kind(fn, padded, lengths) -> str:
@@ -63,9 +65,18 @@ def max_len_kind(fn, padded, lengths) -> str:
     return "the padded width, not the longest prompt" if value == padded.shape[1] else "an int, not the longest length"
 
 
-def backend_of(fn, q, k, v, **kwargs) -> str:
-    from helpers.attention import backend_from_ops
-    return backend_from_ops(fn(q, k, v, **kwargs))
+def backward_backend_of(fn, q, k, v, **kwargs) -> str:
+    """The backend whose backward fn's ops show, or what they show instead: the forward's ops recorded too,
+    or no SDPA backward at all."""
+    from helpers.attention import BACKEND_OPS, backward_backend_from_ops
+    names = list(fn(q, k, v, **kwargs))
+    forward = sorted({n for n in names if n in BACKEND_OPS or n in ("aten::_safe_softmax", "aten::_softmax")})
+    if forward:
+        return f"the forward's ops recorded too ({', '.join(forward)})"
+    try:
+        return backward_backend_from_ops(names)
+    except RuntimeError:
+        return f"no SDPA backward among the {len(names)} ops recorded (did q, k and v require grad, and did the backward run inside your mode?)"
 
 
 def padded_attention_calls(fn, *args, **kwargs) -> list[list[int]]:

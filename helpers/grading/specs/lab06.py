@@ -69,7 +69,7 @@ def _unpad_cases(gen):
     ]
 
 
-def _ops_dispatched(q, k, v, **kwargs):
+def _backward_ops(q, k, v, **kwargs):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Record(TorchDispatchMode):
@@ -80,26 +80,30 @@ def _ops_dispatched(q, k, v, **kwargs):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.names.append(func.name())
             return func(*args, **(kwargs or {}))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+    grad = torch.ones_like(out)
     with Record() as rec:
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+        out.backward(grad)
     return rec.names
 
 
-def _ops_cases(gen):
+def _backward_cases(gen):
     x = torch.randn(1, 2, 32, 16, generator=gen)
-    hint = ("the backend is read off the aten ops that really ran below the Python call, each named as func.name() "
-            "names it, with every keyword argument passed on to SDPA")
+    hint = ("record only what the backward pass dispatches (the forward runs before your mode is entered), each "
+            "aten op named as func.name() names it, with every keyword argument passed on to SDPA")
     v_narrow = torch.randn(1, 2, 32, 8, generator=gen)
     return [
-        Case("the default choice", (x, x, x), call="backend_of", hint=hint),
-        Case("dropout", (x, x, x), {"dropout_p": 0.2}, call="backend_of", hint=hint),
-        Case("v of another head dim: MATH without dropout", (x, x, v_narrow), call="backend_of",
-             hint="return the ops that really ran, recorded in __torch_dispatch__: the backend is read off them, "
-                  "never guessed from the arguments (here no dropout, yet the fused CPU kernel declines)"),
+        Case("the default choice", (x, x, x), call="backward_backend_of", hint=hint),
+        Case("dropout", (x, x, x), {"dropout_p": 0.2}, call="backward_backend_of", hint=hint),
+        Case("v of another head dim", (x, x, v_narrow), call="backward_backend_of",
+             hint="return the ops that really ran in the backward, recorded in __torch_dispatch__: the backend is "
+                  "read off them, never guessed from the arguments (here no dropout, yet the fused CPU kernel "
+                  "declines the forward, and the backward follows it)"),
         Case("a boolean mask", (x, x, x), {"attn_mask": torch.ones(32, 32, dtype=torch.bool).tril()},
-             call="backend_of", hidden=True, hint=hint),
-        Case("causal, float64", (x.double(), x.double(), x.double()), {"is_causal": True}, call="backend_of",
-             hidden=True, hint=hint),
+             call="backward_backend_of", hidden=True, hint=hint),
+        Case("causal, float64", (x.double(), x.double(), x.double()), {"is_causal": True},
+             call="backward_backend_of", hidden=True, hint=hint),
     ]
 
 
@@ -219,7 +223,7 @@ SPEC = LabSpec("06_attention_lab", (
              _generation_mask),
     Exercise("Exercise 2: unpad for varlen_attn", "unpad", _unpad_cases, _unpad, forbidden=("helpers.attention.pack",),
              refused="helpers.attention.pack concatenates and computes the offsets for you: compute them yourself"),
-    Exercise("Exercise 3: ops_dispatched", "ops_dispatched", _ops_cases, _ops_dispatched,
+    Exercise("Exercise 3: what the backward runs", "backward_ops", _backward_cases, _backward_ops,
              forbidden=("helpers.attention.OpNames", "helpers.attention.backend_that_runs",
                         "helpers.attention.backend_report"),
              refused="these helpers record the dispatched ops for you: write the dispatch mode that records them"),
