@@ -444,7 +444,7 @@ WRONG = [
     Wrong(L06, "generation_mask", "float-mask", mask_float, "three prompts: which keys each real query sees",
           "SDPA adds a float mask"),
     Wrong(L06, "generation_mask", "no-head-axis", mask_without_head_axis,
-          "three prompts: which keys each real query sees", "does not broadcast"),
+          "three prompts: which keys each real query sees", "give it a head axis"),
     Wrong(L06, "unpad", "right-padded", unpad_right_padded, "three prompts: the packed tokens",
           "the padding comes first"),
     Wrong(L06, "unpad", "keeps-padding", unpad_keeps_padding, "three prompts: the packed tokens",

@@ -20,6 +20,9 @@ def mask_mistakes(fn, lengths, max_len, heads) -> str:
         return (f"a {getattr(mask, 'dtype', type(mask).__name__)} mask: SDPA adds a float mask to the scores, "
                 "and keeps the True positions of a boolean one")
     full = (len(lengths), heads, max_len, max_len)
+    if mask.dim() == 3 and mask.shape[0] == len(lengths) > 1:   # broadcasts silently where batch equals heads
+        return (f"a (batch, queries, keys) mask {tuple(mask.shape)}: a mask broadcasts from the right, so SDPA "
+                "reads its first dimension as the heads; give it a head axis")
     try:
         mask = mask.expand(full)
     except RuntimeError:

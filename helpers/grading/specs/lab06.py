@@ -28,6 +28,7 @@ def _generation_mask_cases(gen):
         Case("uneven prompts", ([5, 2, 7, 1], 9, seqs([5, 2, 7, 1])), call="left_padded_outputs", hidden=True,
              hint=outputs),
         Case("every prompt full", ([4, 4, 4], 4, 2), call="mask_mistakes", hidden=True, hint=rule),
+        Case("as many prompts as heads", ([2, 5], 7, 2), call="mask_mistakes", hidden=True, hint=rule),
     ]
 
 
