@@ -21,7 +21,10 @@ gain counts only when its 95% paired interval lies above 1 and the gain itself i
 pipeline's verdict (an improvement beyond stats.MIN_CHANGE) is what the learner's report states, and the goal
 asks a step the learner made, not a difference of two builds of the same code (timing the starting code
 against itself gave 0.91-1.12x on a loaded machine). The starting code is timed in a process of its own
-(helpers.capstone_baseline): in the project's process a project could slow it and forge a gain.
+(helpers.capstone_baseline): in the project's process a project could slow it and forge a gain. The CPU clock
+counts one process, so each side also pays for its worker processes and B for its other threads' work outside
+its timed calls (paired_rounds): a step handed to a worker process, or a thread that burns CPU while A is
+timed, forged 80x and 42x gains before.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import types
 import warnings
@@ -345,29 +349,36 @@ def paired_rounds(baseline, run, rounds: int, calls: int, settle: float = 0.05) 
     starting code timed in its own process (helpers.capstone_baseline); B is `run`, the project, timed here.
     Returns each side's per-round medians in seconds, round i of A paired with round i of B, and the clock: the
     process's CPU time at one intra-op thread, as the validation pipeline times (helpers.validation.workloads.
-    timing_clock: time spent descheduled by other work on the machine does not count), else wall time. What
-    this process's other threads spend outside B's timed calls (a thread the project left running while A was
-    timed) is B's too: added to its round, per call."""
+    timing_clock: time spent descheduled by other work on the machine does not count), else wall time. On the
+    CPU clock each side also pays, per call, for what its worker processes spent in the round, and B for what
+    this process's other threads spent outside its timed calls (a thread left running while A was timed)."""
     clock = workloads.timing_clock(torch.device("cpu"))
     now = workloads.cpu_seconds if clock == "cpu" else time.perf_counter
+    here, there = os.getpid(), baseline.pid
+
+    def workers() -> tuple[float, float]:
+        if clock != "cpu":
+            return 0.0, 0.0
+        return (capstone_baseline.tree_cpu_seconds(there),
+                capstone_baseline.tree_cpu_seconds(here, without=there) + _others())
     medians = {"a": [], "b": []}
     for r in range(rounds):
-        background = 0.0
+        start, outside_b = workers(), 0.0
         for side in ("ab" if r % 2 == 0 else "ba"):
-            before = _others()
             time.sleep(settle)
             if side == "a":
                 medians["a"].append(statistics.median(baseline(calls)))
-                background += _others() - before
                 continue
-            background += _others() - before
-            times = []
+            times, before = [], _others()
             for _ in range(calls):
                 t0 = now()
                 run()
                 times.append(now() - t0)
+            outside_b -= _others() - before      # B's own calls already count every thread of this process
             medians["b"].append(statistics.median(times))
-        medians["b"][-1] += max(background, 0.0) / calls
+        end = workers()
+        medians["a"][-1] += max(end[0] - start[0], 0.0) / calls
+        medians["b"][-1] += max(end[1] - start[1] + outside_b, 0.0) / calls
     return medians["a"], medians["b"], clock
 
 
@@ -688,13 +699,19 @@ HINTS = {"loss_curve": "compare your step with the reference op by op from the s
                    "they show"}
 
 
+_JUDGING = threading.Lock()
+
+
 def judged(goal: str, measured, reference, w: dict, given: dict, **limits) -> dict:
     """A goal's result from what was measured: a measure that raised (measured is {"error": ...}) or a
-    measurement the judge cannot read fails the goal and says why."""
+    measurement the judge cannot read fails the goal and says why. One judge at a time: a grader judges
+    submissions on threads, and the reference's training draws its initial weights from torch's global
+    generator (two trainings at once on two threads lost up to 3% of their losses to each other's draws)."""
     try:
         if isinstance(measured, dict) and set(measured) == {"error"}:
             raise RuntimeError(measured["error"])
-        return GOALS[goal][1](measured, reference, w, given, **limits)
+        with _JUDGING:
+            return GOALS[goal][1](measured, reference, w, given, **limits)
     except Exception as error:
         return {"goal": goal, "passed": False, "error": _raised(error)}
 

@@ -1,4 +1,5 @@
-"""The capstone's starting code, timed in a process of its own: side A of a timed goal.
+"""The capstone's starting code, timed in a process of its own (side A of a timed goal), and the CPU each
+side's worker processes spend.
 
 In one process a project can change what the starting code runs (wrap its Trainer.step, or a torch function
 only the starting code calls) and forge a gain the tamper watch does not see. So side A runs in a fresh
@@ -38,6 +39,31 @@ def sources(folder) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(Path(folder).glob("*.py"))}
 
 
+def tree_cpu_seconds(root: int, without: int | None = None) -> float:
+    """CPU seconds of the live processes descended from `root` (root itself not included), leaving out
+    `without` and its descendants: every thread's run time from /proc/PID/task/TID/schedstat (nanoseconds).
+    The CPU clock (getrusage) counts one process; a side's worker processes (a DataLoader's, or a pool a step
+    hands its work to) are its cost too. 0.0 where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            children.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+        except (OSError, IndexError, ValueError):     # a process that ended meanwhile
+            continue
+    total, todo = 0, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid == without:
+            continue
+        todo += children.get(pid, [])
+        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, IndexError, ValueError):
+                continue
+    return total / 1e9
+
+
 class Baseline:
     """A started child: calling it with n runs n more calls there and returns their seconds."""
 
@@ -47,6 +73,7 @@ class Baseline:
         if len(fields) != 3 or fields[0] != "ready":
             self._failed(f"it said {ready[:200]!r} instead of being ready")
         self.digest, self.clock = fields[1], fields[2]
+        self.pid = process.pid
 
     def __call__(self, calls: int) -> list[float]:
         self.process.stdin.write(f"{int(calls)}\n")

@@ -6,6 +6,7 @@ Every goal on a workload other than the visible one is the guide notebook's last
 import json
 import shutil
 import threading
+import time
 
 import pytest
 import torch
@@ -180,6 +181,28 @@ def test_training_measured_on_other_threads_than_the_judge_stays_within_the_tole
     assert result["trained_error"] <= capstone.TRAINED_RTOL / 4 and result["worst_error"] <= capstone.LOSS_RTOL / 4
 
 
+def test_submissions_judged_on_threads_are_judged_one_at_a_time(monkeypatch):
+    """The grader judges submissions on threads; the reference's training, computed by the first judge that needs
+    it, draws its initial weights from torch's global generator: two trainings at once on two threads lost up to
+    3% of their losses to each other's draws, and the solution, graded beside another submission, missed its
+    loss curve on a hidden workload (5.1e-5 relative). capstone.judged lets one judge run at a time."""
+    active, most = [0], [0]
+
+    def slow_judge(*args, **kwargs):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        time.sleep(0.05)
+        active[0] -= 1
+        return {"goal": "loss_curve", "passed": True}
+    monkeypatch.setitem(capstone.GOALS, "loss_curve", (capstone.measure_training, slow_judge))
+    judges = [threading.Thread(target=capstone.judged, args=("loss_curve", {}, None, W, {})) for _ in range(3)]
+    for thread in judges:
+        thread.start()
+    for thread in judges:
+        thread.join()
+    assert most[0] == 1
+
+
 def test_faster_but_nondeterministic_is_rejected(nondeterministic, reference):
     assert not goal("deterministic_repeat", nondeterministic, reference)["passed"]
     assert not goal("batches_match", nondeterministic, reference)["passed"]
@@ -198,8 +221,9 @@ def test_a_fix_for_the_visible_workload_only_fails_a_hidden_one(visible_only, re
     assert not goal("causality", visible_only, reference, capstone.workload(seed=3, seq_len=48))["passed"]
 
 
-# Two ways a project in the grader's process could slow the starting code while it is timed; side A runs in a
-# process of its own (helpers.capstone_baseline), so neither earns a gain the project did not make.
+# Three ways a project could forge a timed gain: slow the starting code from inside the grader's process (side A
+# now runs in a process of its own, helpers.capstone_baseline), or do its own work where the process's CPU clock
+# does not see it (another thread, another process: each side now pays for both).
 SLOWER_LOSS = [("import torch.nn.functional as F\n",
                 "import time\n\nimport torch.nn.functional as F\n\n_ORIGINAL = F.cross_entropy\n\n\n"
                 "def _costly(*args, **kwargs):   # what the starting code calls, 20 ms slower\n"
@@ -217,14 +241,29 @@ SPINNING = [("import torch.nn.functional as F\n",
              "    def _step(self) -> float:\n        inputs, targets = next(self.batches)\n")]
 
 
-@pytest.mark.parametrize("edits", [SLOWER_LOSS, SPINNING], ids=["slows-what-the-start-calls", "spins-a-thread"])
-def test_a_project_slowing_the_starting_code_earns_no_speed(tmp_path, reference, start, edits):
-    """Both forged a 1.5-3x training 'gain' when the starting code was timed in the project's process: a torch
-    function only the starting code calls made slower, or a thread burning CPU whenever the project's own step
-    is not running (the CPU clock is the process's). Now the first cannot reach side A, and what the second
-    burns while A is timed is charged to the project's rounds."""
+IN_A_WORKER = {"data.py": [("num_workers=2, worker_init_fn=seed_worker, in_order=False", "num_workers=0")],
+               "train.py": [("import torch\n", "import concurrent.futures\nimport multiprocessing\n\nimport torch\n"),
+                            ("    def step(self) -> float:\n",
+                             "    def step(self) -> float:   # the real step, in a forked worker process\n"
+                             "        if not hasattr(self, 'pool'):\n            Trainer.current = self\n"
+                             "            self.pool = concurrent.futures.ProcessPoolExecutor(\n"
+                             "                1, mp_context=multiprocessing.get_context('fork'))\n"
+                             "        return self.pool.submit(_step_there).result()\n\n"
+                             "    def _step(self) -> float:\n"),
+                            ("def make_trainer(", "def _step_there():\n    return Trainer.current._step()\n\n\n"
+                                                  "def make_trainer(")]}
+
+
+@pytest.mark.parametrize("edits", [{"train.py": SLOWER_LOSS}, {"train.py": SPINNING}, IN_A_WORKER],
+                         ids=["slows-what-the-start-calls", "spins-a-thread", "steps-in-a-worker-process"])
+def test_a_forged_speed_earns_nothing(tmp_path, reference, start, edits):
+    """Each forged a training 'gain' of the starting code over itself (measured with side A in the project's
+    process and only the process's own CPU counted: 1.58x, 42.5x and 80.2x here): a torch function only the starting
+    code calls made slower, a thread burning CPU whenever the project's own step is not running, the step run
+    in a worker process. Now the first cannot reach side A, and the CPU the other two spend outside the
+    project's timed calls, or in its other processes, is charged to its rounds."""
     before = torch.nn.functional.cross_entropy
-    forged = variant(capstone.START, tmp_path / "project", {"train.py": edits})
+    forged = variant(capstone.START, tmp_path / "project", edits)
     try:
         result = goal("train_speed", forged, reference, start=start, rounds=4, threads_used=1)
     finally:

@@ -140,8 +140,9 @@ capstone.check_goals(capstone.goals(["loss_curve", "causality", "batches_match",
 # above 1, the rule of helpers/validation/stats.py) and the gain is at least `1 + capstone.SPEED_GAIN` (1.10x:
 # two copies of the starting code timed against each other differ by a few percent, in either direction). Both
 # sides run on the same threads and the same workload; the starting code runs in a process of its own that
-# imports nothing of yours, so what your code changes in your process cannot slow it, and CPU your threads
-# spend while it is timed counts as yours. The grader runs more rounds on other workloads. Profile before you change anything: lessons 01, 02, 03, 05 and 06 each name something the
+# imports nothing of yours, so what your code changes in your process cannot slow it. Each side pays for the
+# CPU of its worker processes too (the starting code for its DataLoader's), and yours for what your other
+# threads spend while the starting code is timed. The grader runs more rounds on other workloads. Profile before you change anything: lessons 01, 02, 03, 05 and 06 each name something the
 # starting code pays for.
 #
 # Timings on a shared machine can miss for reasons that are not yours: here a miss prints and the notebook
