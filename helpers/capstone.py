@@ -342,32 +342,35 @@ def _others() -> float:
     return workloads.cpu_seconds() - time.thread_time()
 
 
-def paired_rounds(baseline, run, rounds: int, calls: int, settle: float = 0.05) -> tuple[list[float], list[float], str]:
+def paired_rounds(baseline, run, rounds: int, calls: int, settle: float = 0.05,
+                  here: int = os.getpid()) -> tuple[list[float], list[float], str]:
     """Each round times `calls` calls of each side back to back, A first in even rounds and B first in odd
     ones, with `settle` seconds before each side (what one side left running in the background, a loader's
     worker processes refilling their queue, must not be timed as the other's). A is `baseline(calls)`, the
     starting code timed in its own process (helpers.capstone_baseline); B is `run`, the project, timed here.
-    Returns each side's per-round medians in seconds, round i of A paired with round i of B, and the clock: the
+    Returns each side's seconds per call in each round (the round's total over its calls: work deferred to
+    some calls is paid in full), round i of A paired with round i of B, and the clock: the
     process's CPU time at one intra-op thread, as the validation pipeline times (helpers.validation.workloads.
     timing_clock: time spent descheduled by other work on the machine does not count), else wall time. On the
-    CPU clock each side also pays, per call, for what its worker processes spent in the round, and B for what
-    this process's other threads spent outside its timed calls (a thread left running while A was timed)."""
+    CPU clock each side also pays, per call, for what its worker processes spent in the round (B: those this
+    process, `here`, has reaped too), and B for what this process's other threads spent outside its timed calls
+    (a thread left running while A was timed)."""
     clock = workloads.timing_clock(torch.device("cpu"))
     now = workloads.cpu_seconds if clock == "cpu" else time.perf_counter
-    here, there = os.getpid(), baseline.pid
+    there = baseline.pid
 
     def workers() -> tuple[float, float]:
         if clock != "cpu":
             return 0.0, 0.0
-        return (capstone_baseline.tree_cpu_seconds(there),
-                capstone_baseline.tree_cpu_seconds(here, without=there) + _others())
+        return (capstone_baseline.tree_cpu_seconds(there), capstone_baseline.tree_cpu_seconds(here, without=there)
+                + capstone_baseline.reaped_cpu_seconds() + _others())
     medians = {"a": [], "b": []}
     for r in range(rounds):
         start, outside_b = workers(), 0.0
         for side in ("ab" if r % 2 == 0 else "ba"):
             time.sleep(settle)
             if side == "a":
-                medians["a"].append(statistics.median(baseline(calls)))
+                medians["a"].append(statistics.fmean(baseline(calls)))
                 continue
             times, before = [], _others()
             for _ in range(calls):
@@ -375,7 +378,7 @@ def paired_rounds(baseline, run, rounds: int, calls: int, settle: float = 0.05) 
                 run()
                 times.append(now() - t0)
             outside_b -= _others() - before      # B's own calls already count every thread of this process
-            medians["b"].append(statistics.median(times))
+            medians["b"].append(statistics.fmean(times))
         end = workers()
         medians["a"][-1] += max(end[0] - start[0], 0.0) / calls
         medians["b"][-1] += max(end[1] - start[1] + outside_b, 0.0) / calls
@@ -418,13 +421,13 @@ def _trainer(project, w: dict, steps: int):
 def timed_call(project, goal: str, w: dict, calls: int, folder):
     """What a timed goal times, on the project's own pipeline: a training step (next batch, forward, backward,
     optimizer step) of a trainer built for `calls` steps, or batch-1 next_token_logits on a seq_len prompt,
-    served (exported into `folder`, loaded)."""
+    served (exported into `folder`, loaded), a new prompt each of the `calls` calls."""
     if goal == "train_speed":
         return _trainer(project, w, calls).step
     generator = torch.Generator().manual_seed(w["seed"])
-    prompt = torch.randint(w["model"]["vocab_size"], (1, w["seq_len"]), generator=generator)
+    prompts = iter(torch.randint(w["model"]["vocab_size"], (calls, 1, w["seq_len"]), generator=generator))
     served, _ = _export_and_load(project, project.model.build_model(config(project, w), w["seed"]), folder)
-    return lambda: project.serve.next_token_logits(served, prompt)
+    return lambda: project.serve.next_token_logits(served, next(prompts))   # a new prompt each call: no cache pays
 
 
 def _measure_speed(goal: str, project, start, w: dict, rounds: int, calls: int, warmup: int,

@@ -20,13 +20,24 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
+import select
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+try:
+    import resource
+except ImportError:        # Windows
+    resource = None
+
 import torch
+
+
+READY_S = 600      # the most seconds the child may take to import torch, build its side and warm it up
+ANSWER_S = 300     # ... and to answer one request for calls
 
 
 def digest(sources: dict[str, str]) -> str:
@@ -64,24 +75,44 @@ def tree_cpu_seconds(root: int, without: int | None = None) -> float:
     return total / 1e9
 
 
+def reaped_cpu_seconds() -> float:
+    """CPU seconds of this process's children that ended and were waited for (a pool whose workers exit after
+    each task), which no live process shows any more. 0.0 where there is no getrusage."""
+    if resource is None:
+        return 0.0
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 class Baseline:
-    """A started child: calling it with n runs n more calls there and returns their seconds."""
+    """A started child: calling it with n runs n more calls there and returns their seconds. Each request
+    carries a nonce the reply must echo, with exactly n times: a line written into the pipe by anyone else
+    (the pipe can be reopened through /proc) is refused, not read as the starting code's times."""
 
-    def __init__(self, process: subprocess.Popen, errors, ready: str):
-        self.process, self.errors = process, errors
-        fields = ready.split()
+    def __init__(self, process: subprocess.Popen, errors, deadline: float):
+        self.process, self.errors, self.pid = process, errors, process.pid
+        fields = self._reply(deadline).split()
         if len(fields) != 3 or fields[0] != "ready":
-            self._failed(f"it said {ready[:200]!r} instead of being ready")
+            self._failed(f"it said {' '.join(fields)[:200]!r} instead of being ready")
         self.digest, self.clock = fields[1], fields[2]
-        self.pid = process.pid
 
-    def __call__(self, calls: int) -> list[float]:
-        self.process.stdin.write(f"{int(calls)}\n")
+    def __call__(self, calls: int, deadline: float = ANSWER_S) -> list[float]:
+        nonce = secrets.token_hex(8)
+        self.process.stdin.write(f"{int(calls)} {nonce}\n")
         self.process.stdin.flush()
+        fields = self._reply(deadline).split()
+        if len(fields) != calls + 1 or fields[0] != nonce:
+            self._failed(f"its reply to {calls} calls was not {calls} times with the request's nonce")
+        return [float(t) for t in fields[1:]]
+
+    def _reply(self, deadline: float) -> str:
+        if os.name == "posix" and not select.select([self.process.stdout], [], [], deadline)[0]:
+            self.process.kill()
+            self._failed(f"no answer within {deadline:.0f} s")
         line = self.process.stdout.readline()
         if not line:
             self._failed("it ended")
-        return [float(t) for t in line.split()]
+        return line
 
     def _failed(self, what: str):
         self.errors.seek(0)
@@ -90,10 +121,13 @@ class Baseline:
 
 
 @contextlib.contextmanager
-def started(start, goal: str, w: dict, calls: int, warmup: int, python: str = sys.executable):
+def started(start, goal: str, w: dict, calls: int, warmup: int, python: str = sys.executable,
+            environment: tuple = tuple(sorted(os.environ.items()))):
     """A child timing the starting code's side of `goal` on workload `w`: `calls` calls built, `warmup` of them
     run before it says it is ready, on as many intra-op threads as this process has now. The child's code and
-    interpreter are this function's own (its constants and defaults, which the sandbox's tamper watch covers);
+    interpreter and environment are this function's own, taken when this module was imported, before any
+    project code ran (its constants and defaults, which the sandbox's tamper watch covers: a project that set
+    ATEN_CPU_CAPABILITY in os.environ would otherwise run the starting code on slower kernels);
     its import path is the package's as installed (-I: not the working folder, which a submission writes),
     with the folder above the package appended last for a checkout that was never installed."""
     job = {"sources": sources(start.folder), "goal": goal, "workload": w, "calls": calls, "warmup": warmup,
@@ -106,11 +140,11 @@ def started(start, goal: str, w: dict, calls: int, warmup: int, python: str = sy
             "serve(capstone.load_project, capstone.timed_call)\n")
     with tempfile.TemporaryFile("w+") as errors, subprocess.Popen(
             [python, "-I", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-            text=True, bufsize=1) as process:
+            text=True, bufsize=1, env=dict(environment)) as process:
         try:
             process.stdin.write(json.dumps(job) + "\n")
             process.stdin.flush()
-            yield Baseline(process, errors, process.stdout.readline())
+            yield Baseline(process, errors, READY_S)
         finally:
             process.stdin.close()
             try:
@@ -140,9 +174,10 @@ def serve(load_project, timed_call) -> None:
         now = workloads.cpu_seconds if clock == "cpu" else time.perf_counter
         print("ready", digest(job["sources"]), clock, file=replies)
         for line in sys.stdin:
+            count, nonce = line.split()
             times = []
-            for _ in range(int(line)):
+            for _ in range(int(count)):
                 t0 = now()
                 run()
                 times.append(now() - t0)
-            print(" ".join(repr(t) for t in times), file=replies)
+            print(nonce, *(repr(t) for t in times), file=replies)

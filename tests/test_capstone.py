@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from helpers import capstone
+from helpers import capstone, capstone_baseline
 
 W = capstone.VISIBLE
 
@@ -270,6 +270,27 @@ def test_a_forged_speed_earns_nothing(tmp_path, reference, start, edits):
         torch.nn.functional.cross_entropy = before
         getattr(forged.train, "STOP", threading.Event()).set()
     assert "error" not in result and not result["passed"] and result["gain"] < 1 + capstone.SPEED_GAIN, result
+
+
+def test_a_cached_answer_earns_no_serving_speed(tmp_path, reference, start):
+    """functools.lru_cache on next_token_logits answered every timed call after the first from its cache while
+    each call got the same prompt object; each call now gets a prompt of its own."""
+    cached = variant(capstone.START, tmp_path / "project", {"serve.py": [
+        ("def next_token_logits(", "import functools\n\n\n@functools.lru_cache(maxsize=None)\ndef next_token_logits(")]})
+    result = goal("serve_latency", cached, reference, start=start, rounds=4, threads_used=1)
+    assert "error" not in result and not result["passed"] and result["gain"] < 1 + capstone.SPEED_GAIN, result
+
+
+def test_a_line_written_into_the_starting_codes_reply_pipe_is_refused():
+    """The reply pipe can be reopened through /proc by anything in this process: a line that does not echo the
+    request's nonce with one time per call is refused, not read as the starting code's times."""
+    start = capstone.load_project(capstone.START)
+    with capstone_baseline.started(start, "serve_latency", W, calls=6, warmup=1) as baseline:
+        assert len(baseline(2)) == 2
+        with open(f"/proc/self/fd/{baseline.process.stdout.fileno()}", "w") as forged:
+            forged.write("9 9 9\n")
+        with pytest.raises(RuntimeError, match="was not 2 times with the request's nonce"):
+            baseline(2)
 
 
 def test_the_starting_code_timed_must_be_the_starting_code(tmp_path, reference, start):

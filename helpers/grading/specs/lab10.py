@@ -107,6 +107,9 @@ def _judge(goal: str):
         w, given = case.args
         extra = {"timed": _timed_here(results, w, given)} if goal == "report" else {}
         result = capstone.judged(goal, value, _reference(), w, given, **extra)
+        if goal in capstone.TIMED and result.get("clock", "cpu") != "cpu":   # asked on one thread: CPU time
+            result = {"goal": goal, "passed": False, "error": f"timed on the {result['clock']} clock where the "
+                      f"grader asked for one thread (the project changed its thread count)"}
         if result["passed"] is True:
             return None
         return (f"❌ {exercise.title}: {case.name}: missed: {untrusted(capstone.describe(result), 700)}\n"
