@@ -290,6 +290,43 @@ def bucketed_second_solution(seqs, n_buckets):
     return [placed[i] for i in range(n)]
 
 
+def backward_of_the_loss(q, k, v, **kwargs):
+    # out.sum().backward() inside the mode: the loss's forward (aten::sum) recorded with the backward
+    q, k, v = _leaves(q, k, v)
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with _Record(lambda f: f.name()) as rec:
+        out.sum().backward()
+    return rec.names
+
+
+def backward_on_the_callers_tensors(q, k, v, **kwargs):
+    # requires_grad_ on the caller's own tensors: right names, but the caller's q, k, v now carry grads
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with _Record(lambda f: f.name()) as rec:
+        out.backward(torch.ones_like(out))
+    return rec.names
+
+
+def backward_kernel_names_only(q, k, v, **kwargs):
+    # keeps only the names that say "backward": MATH's bmm calls are dropped
+    return [n for n in backward_ops_reference(q, k, v, **kwargs) if "backward" in n]
+
+
+def backward_as_a_set(q, k, v, **kwargs):
+    # a set of names: order and repeats lost
+    return set(backward_ops_reference(q, k, v, **kwargs))
+
+
+def backward_ops_reference(q, k, v, **kwargs):
+    q, k, v = _leaves(q, k, v)
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with _Record(lambda f: f.name()) as rec:
+        out.backward(torch.ones_like(out))
+    return rec.names
+
+
 def backward_guess_from_kwargs(q, k, v, **kwargs):
     # review m13: names the backend from the arguments, without recording anything
     return (["aten::bmm", "aten::_softmax_backward_data"] if kwargs.get("dropout_p")
@@ -471,7 +508,14 @@ WRONG = [
     Wrong(L06, "backward_ops", "with-the-forward", backward_with_the_forward, "the default choice",
           "the forward's ops recorded too"),
     Wrong(L06, "backward_ops", "forward-only", backward_outside_the_mode, "the default choice",
-          "the forward's ops recorded too"),
+          "only the forward's ops"),
+    Wrong(L06, "backward_ops", "loss-recorded", backward_of_the_loss, "the default choice",
+          "the forward's ops recorded too (aten::sum)"),
+    Wrong(L06, "backward_ops", "callers-tensors", backward_on_the_callers_tensors, "the default choice",
+          "make copies that require grad"),
+    Wrong(L06, "backward_ops", "kernel-names-only", backward_kernel_names_only, "dropout",
+          "not every aten op the backward dispatched"),
+    Wrong(L06, "backward_ops", "a-set", backward_as_a_set, "the default choice", "a set, not a list"),
     Wrong(L06, "backward_ops", "no-grad", backward_without_grad, "the default choice",
           "no SDPA backward among the 0 ops recorded"),
     Wrong(L06, "backward_ops", "guess-from-kwargs", backward_guess_from_kwargs, "v of another head dim",

@@ -134,9 +134,12 @@ print(f"varlen_attn on your packing: {tuple(packed.shape)} in, {tuple(out.shape)
 #
 # Training runs SDPA twice: the forward, and its backward when `loss.backward()` reaches it. Which kernel
 # runs the backward? Write `backward_ops(q, k, v, **kwargs)`: run `F.scaled_dot_product_attention(q, k, v,
-# **kwargs)` on copies of `q`, `k`, `v` that require grad, then record with a `TorchDispatchMode` of your own
-# the name (`func.name()`) of every aten op that `out.backward(torch.ones_like(out))` dispatches, and return
-# the names: the backward's ops only, none of the forward's. `attention.backward_backend_from_ops(names)`
+# **kwargs)` on copies of `q`, `k`, `v` that require grad (the caller's tensors stay as they were), then
+# record with a `TorchDispatchMode` of your own the name (`func.name()`) of every aten op that
+# `out.backward(torch.ones_like(out))` dispatches, and return the names as a list: the backward's ops only,
+# none of the forward's (make the gradient before or inside the mode, as you like). A dispatch mode's
+# `__torch_dispatch__(self, func, types, args=(), kwargs=None)` sees each aten op and must run it:
+# `return func(*args, **(kwargs or {}))`. `attention.backward_backend_from_ops(names)`
 # names the backend from them: a fused backend's backward is one op of its own (its forward op's name with
 # `_backward`), MATH's is ordinary ops (`bmm`, `_softmax_backward_data`). The check runs calls where the
 # fused forward declines for a reason other than dropout, so only the ops that really ran give the right

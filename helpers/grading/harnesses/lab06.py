@@ -68,18 +68,36 @@ def max_len_kind(fn, padded, lengths) -> str:
     return "the padded width, not the longest prompt" if value == padded.shape[1] else "an int, not the longest length"
 
 
+FORWARD_SIDE = ("aten::_safe_softmax", "aten::_softmax", "aten::sum")   # MATH's forward ops, and a loss's
+
+
 def backward_backend_of(fn, q, k, v, **kwargs) -> str:
-    """The backend whose backward fn's ops show, or what they show instead: the forward's ops recorded too,
-    or no SDPA backward at all."""
+    """The backend whose backward fn's ops show, or what they show instead, in words that name the mistake:
+    not a list of names, names not as func.name() gives them, the caller's tensors changed, forward ops
+    recorded, only some of the backward's ops, no SDPA backward at all."""
     from helpers.attention import BACKEND_OPS, backward_backend_from_ops
-    names = list(fn(q, k, v, **kwargs))
-    forward = sorted({n for n in names if n in BACKEND_OPS or n in ("aten::_safe_softmax", "aten::_softmax")})
+    names = fn(q, k, v, **kwargs)
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        kind = type(names).__name__ if not isinstance(names, list) else \
+            f"list of {type(next(n for n in names if not isinstance(n, str))).__name__}"
+        return f"a {kind}, not a list of the names func.name() gives"
+    if any(t.requires_grad or t.grad is not None for t in (q, k, v)):
+        return "the caller's q, k or v now require grad or hold a .grad: make copies that require grad"
+    if names and not any(n.startswith("aten::") for n in names):
+        return f"names such as {names[0]!r}: not aten ops as func.name() names them ('aten::bmm')"
+    forward = sorted({n for n in names if n in BACKEND_OPS or n in FORWARD_SIDE})
+    try:
+        backend = backward_backend_from_ops(names)
+    except RuntimeError:
+        if forward:
+            return f"only the forward's ops ({', '.join(forward)}): the backward ran outside your mode"
+        return (f"no SDPA backward among the {len(names)} ops recorded" + (f" (the first: {', '.join(names[:3])})"
+                if names else ": did q, k and v require grad, and did the backward run inside your mode?"))
     if forward:
         return f"the forward's ops recorded too ({', '.join(forward)})"
-    try:
-        return backward_backend_from_ops(names)
-    except RuntimeError:
-        return f"no SDPA backward among the {len(names)} ops recorded (did q, k and v require grad, and did the backward run inside your mode?)"
+    if backend == "MATH" and "aten::bmm" not in names:
+        return "some of MATH's backward ops, not every aten op the backward dispatched"
+    return backend
 
 
 def padded_attention_calls(fn, *args, **kwargs) -> list[list[int]]:
