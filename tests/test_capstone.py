@@ -254,6 +254,9 @@ IN_A_WORKER = {"data.py": [("num_workers=2, worker_init_fn=seed_worker, in_order
                                                   "def make_trainer(")]}
 
 
+FORGED_BELOW = 1.35   # the forgeries earned 1.58x and more; the starting code against itself gave 0.88-1.11x
+
+
 @pytest.mark.parametrize("edits", [{"train.py": SLOWER_LOSS}, {"train.py": SPINNING}, IN_A_WORKER],
                          ids=["slows-what-the-start-calls", "spins-a-thread", "steps-in-a-worker-process"])
 def test_a_forged_speed_earns_nothing(tmp_path, reference, start, edits):
@@ -269,7 +272,7 @@ def test_a_forged_speed_earns_nothing(tmp_path, reference, start, edits):
     finally:
         torch.nn.functional.cross_entropy = before
         getattr(forged.train, "STOP", threading.Event()).set()
-    assert "error" not in result and not result["passed"] and result["gain"] < 1 + capstone.SPEED_GAIN, result
+    assert "error" not in result and not result["passed"] and result["gain"] < FORGED_BELOW, result
 
 
 def test_a_cached_answer_earns_no_serving_speed(tmp_path, reference, start):
@@ -278,7 +281,7 @@ def test_a_cached_answer_earns_no_serving_speed(tmp_path, reference, start):
     cached = variant(capstone.START, tmp_path / "project", {"serve.py": [
         ("def next_token_logits(", "import functools\n\n\n@functools.lru_cache(maxsize=None)\ndef next_token_logits(")]})
     result = goal("serve_latency", cached, reference, start=start, rounds=4, threads_used=1)
-    assert "error" not in result and not result["passed"] and result["gain"] < 1 + capstone.SPEED_GAIN, result
+    assert "error" not in result and not result["passed"] and result["gain"] < FORGED_BELOW, result
 
 
 def test_a_line_written_into_the_starting_codes_reply_pipe_is_refused():
