@@ -364,13 +364,13 @@ def paired_rounds(baseline, run, rounds: int, calls: int, settle: float = 0.05,
             return 0.0, 0.0
         return (capstone_baseline.tree_cpu_seconds(there), capstone_baseline.tree_cpu_seconds(here, without=there)
                 + capstone_baseline.reaped_cpu_seconds() + _others())
-    medians = {"a": [], "b": []}
+    per_call = {"a": [], "b": []}
     for r in range(rounds):
         start, outside_b = workers(), 0.0
         for side in ("ab" if r % 2 == 0 else "ba"):
             time.sleep(settle)
             if side == "a":
-                medians["a"].append(statistics.fmean(baseline(calls)))
+                per_call["a"].append(statistics.fmean(baseline(calls)))
                 continue
             times, before = [], _others()
             for _ in range(calls):
@@ -378,24 +378,24 @@ def paired_rounds(baseline, run, rounds: int, calls: int, settle: float = 0.05,
                 run()
                 times.append(now() - t0)
             outside_b -= _others() - before      # B's own calls already count every thread of this process
-            medians["b"].append(statistics.fmean(times))
+            per_call["b"].append(statistics.fmean(times))
         end = workers()
-        medians["a"][-1] += max(end[0] - start[0], 0.0) / calls
-        medians["b"][-1] += max(end[1] - start[1] + outside_b, 0.0) / calls
-    return medians["a"], medians["b"], clock
+        per_call["a"][-1] += max(end[0] - start[0], 0.0) / calls
+        per_call["b"][-1] += max(end[1] - start[1] + outside_b, 0.0) / calls
+    return per_call["a"], per_call["b"], clock
 
 
-def speed_verdict(goal: str, medians_a: list[float], medians_b: list[float], least: float = SPEED_GAIN) -> dict:
+def speed_verdict(goal: str, rounds_a: list[float], rounds_b: list[float], least: float = SPEED_GAIN) -> dict:
     """The gain of B over A (A's time / B's) with its paired interval and the pipeline's verdict; passed for
     an improvement of at least 1 + `least`."""
-    interval = stats.paired_interval(medians_a, medians_b, "lower")
+    interval = stats.paired_interval(rounds_a, rounds_b, "lower")
     verdict = stats.verdict(interval)
     passed = verdict == "improvement" and interval["gain"] >= 1 + least
     return {"goal": goal, "passed": passed, "verdict": verdict, "gain": interval["gain"], "least": 1 + least,
             "low": interval["low"], "high": interval["high"], "pairs": interval["pairs"],
-            "round_gains": interval["round_gains"], "start_s": statistics.median(medians_a),
-            "project_s": statistics.median(medians_b), "threads": torch.get_num_threads(),
-            "start_rounds": list(medians_a), "project_rounds": list(medians_b)}
+            "round_gains": interval["round_gains"], "start_s": statistics.median(rounds_a),
+            "project_s": statistics.median(rounds_b), "threads": torch.get_num_threads(),
+            "start_rounds": list(rounds_a), "project_rounds": list(rounds_b)}
 
 
 @contextlib.contextmanager
@@ -463,7 +463,7 @@ def _judge_speed(goal: str):
     def judge(measured: dict, reference, w: dict, given: dict) -> dict:
         a, b = (_numbers(measured[side], MAX_ROUNDS) for side in ("start", "project"))
         if len(a) != len(b) or len(a) < 2 or min(a + b) <= 0:
-            raise ValueError(f"rounds that cannot be paired: {len(a)} and {len(b)} medians")
+            raise ValueError(f"rounds that cannot be paired: {len(a)} and {len(b)} rounds")
         if measured.get("start_digest") != capstone_baseline.digest(capstone_baseline.sources(START)):
             raise ValueError("the code timed as the starting code is not the starting code of 10_capstone/")
         return speed_verdict(goal, a, b) | {"threads": int(measured["threads"]), "clock": str(measured["clock"])}
@@ -617,7 +617,7 @@ MAX_REPORT_BYTES = 64 * 1024
 
 def write_report(results: list[dict], folder) -> Path:
     """The timed goals' results (as goals() returns them) written to REPORT in the project folder: for each,
-    the verdict, the gain and its interval, and the per-round medians they come from."""
+    the verdict, the gain and its interval, and the per-round times they come from."""
     claims = {r["goal"]: {k: r[k] for k in CLAIMED} for r in results if r["goal"] in TIMED and "verdict" in r}
     path = Path(folder) / REPORT
     path.write_text(json.dumps({"claims": claims}, indent=1))
