@@ -16,15 +16,16 @@ judge, which decides with the reference at hand. The guide runs both in the lear
 reference never meets a submission.
 
 Speed is judged like the validation pipeline judges a timing (helpers.validation.stats): the starting code
-(A) and the project (B) alternate in rounds (A B, B A, ...), each round gives one median per side, and a
+(A) and the project (B) alternate in rounds (A B, B A, ...), each round gives each side's time per call, and a
 gain counts only when its 95% paired interval lies above 1 and the gain itself is at least 1 + SPEED_GAIN: the
 pipeline's verdict (an improvement beyond stats.MIN_CHANGE) is what the learner's report states, and the goal
 asks a step the learner made, not a difference of two builds of the same code (timing the starting code
-against itself gave 0.91-1.12x on a loaded machine). The starting code is timed in a process of its own
-(helpers.capstone_baseline): in the project's process a project could slow it and forge a gain. The CPU clock
-counts one process, so each side also pays for its worker processes and B for its other threads' work outside
-its timed calls (paired_rounds): a step handed to a worker process, or a thread that burns CPU while A is
-timed, forged 80x and 42x gains before.
+against itself gave 0.91-1.12x on a loaded machine). Each side runs in a fresh process of its own
+(helpers.capstone_timing), which imports nothing of the other's: in one process a project could slow the
+starting code and forge a gain, and the process the goals run in weighs on whichever side runs there. On the
+CPU clock a side pays for everything its process and its worker processes spend, when they spend it
+(paired_rounds): a step handed to a worker process, or a thread that burns CPU while A is timed, forged 80x
+and 42x gains before.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from helpers import capstone_baseline, checks, memory
+from helpers import capstone_timing, checks, memory
 from helpers.validation import stats, workloads
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,17 +92,19 @@ VISIBLE = workload()
 
 def load_project(folder) -> types.SimpleNamespace:
     """Import the project in `folder` as a new package (its modules import each other relatively);
-    returns its modules as attributes (data, model, train, serve) and `folder`."""
+    returns its modules as attributes (data, model, train, serve), `folder`, and `sources`: its Python files
+    as they were read before any of them ran (what a timed goal's process imports)."""
     folder = Path(folder).resolve()
     if not (folder / "__init__.py").is_file():
         raise FileNotFoundError(f"{folder} is not a project folder: it has no __init__.py")
+    sources = capstone_timing.sources(folder)
     name = f"capstone_project_{next(_loaded)}"
     spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
                                                   submodule_search_locations=[str(folder)])
     package = importlib.util.module_from_spec(spec)
     sys.modules[name] = package
     spec.loader.exec_module(package)
-    return types.SimpleNamespace(folder=str(folder), **{m: importlib.import_module(f"{name}.{m}") for m in MODULES})
+    return types.SimpleNamespace(folder=str(folder), sources=sources, **{m: importlib.import_module(f"{name}.{m}") for m in MODULES})
 
 
 @contextlib.contextmanager
@@ -337,51 +340,30 @@ def _export_and_load(project, model, folder) -> tuple[object, int]:
 
 # --- Speed ----------------------------------------------------------------------------------------------
 
-def _others() -> float:
-    """CPU seconds of this process's threads other than the calling one (and of those that ended)."""
-    return workloads.cpu_seconds() - time.thread_time()
-
-
-def paired_rounds(baseline, run, rounds: int, calls: int, settle: float = 0.05,
-                  here: int = os.getpid()) -> tuple[list[float], list[float], str]:
-    """Each round times `calls` calls of each side back to back, A first in even rounds and B first in odd
-    ones, with `settle` seconds before each side (what one side left running in the background, a loader's
-    worker processes refilling their queue, must not be timed as the other's). A is `baseline(calls)`, the
-    starting code timed in its own process (helpers.capstone_baseline); B is `run`, the project, timed here.
-    Returns each side's seconds per call in each round (the round's total over its calls: work deferred to
-    some calls is paid in full), round i of A paired with round i of B, and the clock: the
-    process's CPU time at one intra-op thread, as the validation pipeline times (helpers.validation.workloads.
+def paired_rounds(side_a, side_b, rounds: int, calls: int, settle: float = 0.05) -> tuple[list[float], list[float], str]:
+    """Each round runs `calls` calls of each side back to back, A first in even rounds and B first in odd ones,
+    with `settle` seconds before each side. Each side is a process of its own (helpers.capstone_timing).
+    Returns each side's seconds per call in each round, round i of A paired with round i of B, and the clock:
+    CPU time at one intra-op thread, as the validation pipeline times (helpers.validation.workloads.
     timing_clock: time spent descheduled by other work on the machine does not count), else wall time. On the
-    CPU clock each side also pays, per call, for what its worker processes spent in the round (B: those this
-    process, `here`, has reaped too), and B for what this process's other threads spent outside its timed calls
-    (a thread left running while A was timed)."""
+    CPU clock a round charges a side everything its processes spent since its previous round, whenever they
+    spent it (a thread or a worker left running while the other side was timed), and the last round also what
+    they spent after it: work deferred to some calls, or to the background, is paid in full."""
     clock = workloads.timing_clock(torch.device("cpu"))
-    now = workloads.cpu_seconds if clock == "cpu" else time.perf_counter
-    there = baseline.pid
-
-    def workers() -> tuple[float, float]:
-        if clock != "cpu":
-            return 0.0, 0.0
-        return (capstone_baseline.tree_cpu_seconds(there), capstone_baseline.tree_cpu_seconds(here, without=there)
-                + capstone_baseline.reaped_cpu_seconds() + _others())
+    sides, spent = {"a": side_a, "b": side_b}, {"a": 0.0, "b": 0.0}
     per_call = {"a": [], "b": []}
     for r in range(rounds):
-        start, outside_b = workers(), 0.0
-        for side in ("ab" if r % 2 == 0 else "ba"):
+        for key in ("ab" if r % 2 == 0 else "ba"):
             time.sleep(settle)
-            if side == "a":
-                per_call["a"].append(statistics.fmean(baseline(calls)))
-                continue
-            times, before = [], _others()
-            for _ in range(calls):
-                t0 = now()
-                run()
-                times.append(now() - t0)
-            outside_b -= _others() - before      # B's own calls already count every thread of this process
-            per_call["b"].append(statistics.fmean(times))
-        end = workers()
-        per_call["a"][-1] += max(end[0] - start[0], 0.0) / calls
-        per_call["b"][-1] += max(end[1] - start[1] + outside_b, 0.0) / calls
+            total = sides[key](calls)
+            per_call[key].append((total - spent[key] if clock == "cpu" else sides[key].wall) / calls)
+            spent[key] = total
+    time.sleep(settle)
+    for key, side in sides.items():
+        after = side(0)
+        if clock == "cpu":
+            per_call[key][-1] += (after - spent[key]) / calls
+        side.check()
     return per_call["a"], per_call["b"], clock
 
 
@@ -432,19 +414,16 @@ def timed_call(project, goal: str, w: dict, calls: int, folder):
 
 def _measure_speed(goal: str, project, start, w: dict, rounds: int, calls: int, warmup: int,
                    threads_used: int | None) -> dict:
-    """The starting code (A, in a process of its own) and the project (B) in paired rounds, both on
-    `threads_used` intra-op threads (None: as set), each call built and warmed up on its side."""
+    """The starting code (A) and the project (B) in paired rounds, each in a process of its own importing the
+    sources it was loaded from, both on `threads_used` intra-op threads (None: as set), each call built and
+    warmed up on its side."""
     total = warmup + rounds * calls
-    with threads(threads_used), tempfile.TemporaryDirectory() as folder, \
-            capstone_baseline.started(start, goal, w, total, warmup) as baseline:
-        run = timed_call(project, goal, w, total, folder)
-        for _ in range(warmup):
-            run()
-        a, b, clock = paired_rounds(baseline, run, rounds, calls)
-        if baseline.clock != clock:
-            raise RuntimeError(f"the starting code was timed on the {baseline.clock} clock, the project on the {clock}")
+    with threads(threads_used), \
+            capstone_timing.started(start.sources, goal, w, total, warmup, "the starting code") as side_a, \
+            capstone_timing.started(project.sources, goal, w, total, warmup, "the project") as side_b:
+        a, b, clock = paired_rounds(side_a, side_b, rounds, calls)
         return {"start": a, "project": b, "clock": clock, "threads": torch.get_num_threads(),
-                "start_digest": baseline.digest}
+                "start_digest": side_a.digest, "project_digest": side_b.digest}
 
 
 def measure_train_speed(project, start, w: dict, given: dict, rounds: int = 6, calls: int = 5, warmup: int = 3,
@@ -464,7 +443,7 @@ def _judge_speed(goal: str):
         a, b = (_numbers(measured[side], MAX_ROUNDS) for side in ("start", "project"))
         if len(a) != len(b) or len(a) < 2 or min(a + b) <= 0:
             raise ValueError(f"rounds that cannot be paired: {len(a)} and {len(b)} rounds")
-        if measured.get("start_digest") != capstone_baseline.digest(capstone_baseline.sources(START)):
+        if measured.get("start_digest") != capstone_timing.digest(capstone_timing.sources(START)):
             raise ValueError("the code timed as the starting code is not the starting code of 10_capstone/")
         return speed_verdict(goal, a, b) | {"threads": int(measured["threads"]), "clock": str(measured["clock"])}
     judge.__doc__ = f"The {goal} gain of the project over the starting code: the pipeline's paired verdict."

@@ -5,13 +5,14 @@ Every goal on a workload other than the visible one is the guide notebook's last
 (every untimed goal passed) the suite and each environment of the matrix compare."""
 import json
 import shutil
+import sys
 import threading
 import time
 
 import pytest
 import torch
 
-from helpers import capstone, capstone_baseline
+from helpers import capstone, capstone_timing
 
 W = capstone.VISIBLE
 
@@ -221,9 +222,9 @@ def test_a_fix_for_the_visible_workload_only_fails_a_hidden_one(visible_only, re
     assert not goal("causality", visible_only, reference, capstone.workload(seed=3, seq_len=48))["passed"]
 
 
-# Three ways a project could forge a timed gain: slow the starting code from inside the grader's process (side A
-# now runs in a process of its own, helpers.capstone_baseline), or do its own work where the process's CPU clock
-# does not see it (another thread, another process: each side now pays for both).
+# Three ways a project could forge a timed gain: slow the starting code from inside the grader's process (each
+# side now runs in a process of its own, helpers.capstone_timing), or do its own work where the process's CPU
+# clock does not see it (another thread, another process: each side now pays for both).
 SLOWER_LOSS = [("import torch.nn.functional as F\n",
                 "import time\n\nimport torch.nn.functional as F\n\n_ORIGINAL = F.cross_entropy\n\n\n"
                 "def _costly(*args, **kwargs):   # what the starting code calls, 20 ms slower\n"
@@ -284,16 +285,61 @@ def test_a_cached_answer_earns_no_serving_speed(tmp_path, reference, start):
     assert "error" not in result and not result["passed"] and result["gain"] < FORGED_BELOW, result
 
 
-def test_a_line_written_into_the_starting_codes_reply_pipe_is_refused():
+def test_a_line_written_into_a_sides_reply_pipe_is_refused(start):
     """The reply pipe can be reopened through /proc by anything in this process: a line that does not echo the
-    request's nonce with one time per call is refused, not read as the starting code's times."""
-    start = capstone.load_project(capstone.START)
-    with capstone_baseline.started(start, "serve_latency", W, calls=6, warmup=1) as baseline:
-        assert len(baseline(2)) == 2
-        with open(f"/proc/self/fd/{baseline.process.stdout.fileno()}", "w") as forged:
+    request's nonce with one number is refused, not read as the side's CPU."""
+    with capstone_timing.started(start.sources, "serve_latency", W, calls=6, warmup=1) as side:
+        assert side(2) > 0
+        with open(f"/proc/self/fd/{side.process.stdout.fileno()}", "w") as forged:
             forged.write("9 9 9\n")
-        with pytest.raises(RuntimeError, match="was not 2 times with the request's nonce"):
-            baseline(2)
+        with pytest.raises(RuntimeError, match="did not echo the request's nonce with one number"):
+            side(2)
+
+
+FAKE_CHILD = """import sys, time
+job = sys.stdin.readline()
+print("ready", "0" * 64, "0.0", flush=True)
+for line in sys.stdin:
+    count, nonce = line.split()
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.05 * int(count):
+        pass
+    print(nonce, "0.0", flush=True)      # no CPU spent, it says
+"""
+
+
+def test_a_side_reporting_less_cpu_than_the_kernel_counted_is_refused(tmp_path, start):
+    """A side's process reports its own CPU (finer than the kernel's clock ticks); code in it could report less
+    than it spent. The kernel's count (/proc/PID/stat) bounds it: a child that burns 0.05 s a call and says 0 is
+    refused, and an honest one is not."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'child.py'}\n")
+    fake.chmod(0o755)
+    (tmp_path / "child.py").write_text(FAKE_CHILD)
+    with capstone_timing.started(start.sources, "serve_latency", W, calls=8, warmup=0, python=str(fake)) as side:
+        side(8)
+        with pytest.raises(RuntimeError, match=r"reported 0.000 s of CPU where the kernel counted 0\.[3-9]"):
+            side.check()
+    with capstone_timing.started(start.sources, "serve_latency", W, calls=51, warmup=1) as side:
+        assert side(50) > 0
+        side.check()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the subreaper and /proc are Linux's")
+def test_a_daemon_that_left_its_parent_is_charged_to_its_side(tmp_path, reference, start):
+    """A process that forks twice leaves its parent; its orphan would be adopted outside the side's tree and its
+    CPU lost. Each side's process is its descendants' subreaper: here each serving call leaves an orphan that
+    burns 0.25 s, and the project is charged for it (forking the process costs it about 0.07 s a call here)."""
+    orphaning = variant(capstone.START, tmp_path / "project", {"serve.py": [(
+        '    """Logits of the token after each row of `ids` ([batch, length] -> [batch, vocab_size])."""\n',
+        '    """Logits of the token after each row of `ids` ([batch, length] -> [batch, vocab_size])."""\n'
+        "    if os.fork() == 0:\n        if os.fork() == 0:\n            t0 = time.process_time()\n"
+        "            while time.process_time() - t0 < 0.25:\n                pass\n        os._exit(0)\n"
+        "    os.wait()\n"), ("import torch\n", "import os\nimport time\n\nimport torch\n")]})
+    with capstone_timing.started(orphaning.sources, "serve_latency", W, calls=4, warmup=0) as side:
+        side(4)
+        time.sleep(1.5)
+        assert side(0) >= 4 * 0.25 * 0.95
 
 
 def test_the_starting_code_timed_must_be_the_starting_code(tmp_path, reference, start):

@@ -29,7 +29,7 @@ def _type_checking_nodes(tree) -> set[int]:
 # a module not named is a topic module
 LAYERS = {"env": 0, "events": 0, "files": 0, "processes": 0, "device": 1, "bench": 2, "manifest": 2, "checks": 2,
           "notebooks": 2, "interactive": 4, "progress": 4, "colab": 4, "doctor": 4, "runner": 5, "validation": 5,
-          "capstone": 5, "capstone_baseline": 5, "grading": 5, "__main__": 6}
+          "capstone": 5, "capstone_timing": 5, "grading": 5, "__main__": 6}
 TOPIC = 3
 MOST_ARROWS_UP = 3
 MOST_LINES = 800

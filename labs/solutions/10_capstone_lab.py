@@ -135,14 +135,14 @@ capstone.check_goals(capstone.goals(["loss_curve", "causality", "batches_match",
 #
 # Goals: a training step (`Trainer.step`: the next batch, forward, backward, optimizer step) and a batch-1
 # `serve.next_token_logits` on a `seq_len` prompt each faster than the starting code's, measured as lab 09
-# measures: the starting code (A) and yours (B) alternate in rounds (A B, B A, ...), each round gives one
-# median per side, and a gain counts when the pipeline's `verdict` says "improvement" (its paired interval
+# measures: the starting code (A) and yours (B) alternate in rounds (A B, B A, ...), each round gives each
+# side's time per call, and a gain counts when the pipeline's `verdict` says "improvement" (its paired interval
 # above 1, the rule of helpers/validation/stats.py) and the gain is at least `1 + capstone.SPEED_GAIN` (1.10x:
 # two copies of the starting code timed against each other differ by a few percent, in either direction). Both
-# sides run on the same threads and the same workload; the starting code runs in a process of its own that
-# imports nothing of yours, so what your code changes in your process cannot slow it. Each side pays for the
-# CPU of its worker processes too (the starting code for its DataLoader's), and yours for what your other
-# threads spend while the starting code is timed. The grader runs more rounds on other workloads. Profile before you change anything: lessons 01, 02, 03, 05 and 06 each name something the
+# sides run on the same threads and the same workload, each in a fresh process of its own that imports nothing
+# of the other's, so what your code changes cannot slow the starting code. Each side pays for all the CPU its
+# process and its worker processes spend, whenever they spend it: a thread or a worker you leave running while
+# the starting code is timed is yours. The grader runs more rounds on other workloads. Profile before you change anything: lessons 01, 02, 03, 05 and 06 each name something the
 # starting code pays for.
 #
 # Timings on a shared machine can miss for reasons that are not yours: here a miss prints and the notebook
