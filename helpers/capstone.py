@@ -38,7 +38,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -90,20 +89,17 @@ def workload(seed: int = 0, part: int = 0, batch_size: int = 16, seq_len: int = 
 VISIBLE = workload()
 
 
-def load_project(folder) -> types.SimpleNamespace:
-    """Import the project in `folder` as a new package (its modules import each other relatively);
-    returns its modules as attributes (data, model, train, serve), `folder`, and `sources`: its Python files
-    as they were read before any of them ran (what a timed goal's process imports)."""
+def load_project(folder, sources: dict[str, str] | None = None) -> types.SimpleNamespace:
+    """Import the project in `folder` as a new package (its modules import each other relatively) from
+    `sources`, its Python files by name (None: read from the folder now); returns its modules as attributes
+    (data, model, train, serve), `folder`, and `sources`, which are what ran: a file changed on disk later
+    changes nothing (what a timed goal's process imports, and what its digest is of)."""
     folder = Path(folder).resolve()
     if not (folder / "__init__.py").is_file():
         raise FileNotFoundError(f"{folder} is not a project folder: it has no __init__.py")
-    sources = capstone_timing.sources(folder)
+    sources = capstone_timing.sources(folder) if sources is None else sources
     name = f"capstone_project_{next(_loaded)}"
-    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
-                                                  submodule_search_locations=[str(folder)])
-    package = importlib.util.module_from_spec(spec)
-    sys.modules[name] = package
-    spec.loader.exec_module(package)
+    capstone_timing.import_sources(name, folder, sources)
     return types.SimpleNamespace(folder=str(folder), sources=sources, **{m: importlib.import_module(f"{name}.{m}") for m in MODULES})
 
 

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
+import importlib.abc
+import importlib.util
 import json
 import os
 import secrets
@@ -55,6 +58,36 @@ def digest(sources: dict[str, str]) -> str:
 def sources(folder) -> dict[str, str]:
     """A project folder's top-level Python files by name: what the grader hands the sandbox of a project."""
     return {p.name: p.read_text() for p in sorted(Path(folder).glob("*.py"))}
+
+
+class _FromSources(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds and loads a package and its modules from texts held in memory; the files in `folder` give them
+    their paths (tracebacks, inspect), never their code: what runs is what was read, whatever a file says later."""
+
+    def __init__(self, package: str, folder: Path, texts: dict[str, str]):
+        self.package, self.folder, self.texts = package, folder, texts
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        head, _, tail = fullname.rpartition(".")
+        file = "__init__.py" if fullname == self.package else f"{tail}.py" if head == self.package else None
+        if file not in self.texts:
+            return None
+        return importlib.util.spec_from_file_location(fullname, self.folder / file, loader=self,
+                                                      submodule_search_locations=[] if file == "__init__.py" else None)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        text = self.texts[Path(module.__file__).name]
+        exec(compile(text, module.__file__, "exec", dont_inherit=True), module.__dict__)
+
+
+def import_sources(package: str, folder, texts: dict[str, str]):
+    """Import `texts` (file name -> Python source) as the package `package` located in `folder`: its modules
+    import each other relatively, from these texts only."""
+    sys.meta_path.insert(0, _FromSources(package, Path(folder), dict(texts)))
+    return importlib.import_module(package)
 
 
 def tree_cpu_seconds(root: int) -> float:
@@ -196,8 +229,8 @@ def _adopt_orphans() -> None:
 
 
 def serve(load_project, timed_call, cpu_seconds=_own_cpu_seconds) -> None:
-    """The child's side: read the job, import the project from its sources into a fresh folder
-    (capstone.load_project), build and warm up the goal's call (capstone.timed_call), then run calls on
+    """The child's side: read the job, import the project from the job's sources (capstone.load_project; they
+    are written into a fresh folder too, for tracebacks and inspect, but never imported from there), build and warm up the goal's call (capstone.timed_call), then run calls on
     request and answer with this process's CPU so far."""
     replies = open(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
@@ -208,7 +241,7 @@ def serve(load_project, timed_call, cpu_seconds=_own_cpu_seconds) -> None:
     with tempfile.TemporaryDirectory() as folder:
         for name, text in job["sources"].items():
             (Path(folder) / Path(name).name).write_text(text)
-        project = load_project(folder)
+        project = load_project(folder, job["sources"])
         run = timed_call(project, job["goal"], job["workload"], job["calls"], folder)
         for _ in range(job["warmup"]):
             run()

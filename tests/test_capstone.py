@@ -342,6 +342,19 @@ def test_a_daemon_that_left_its_parent_is_charged_to_its_side(tmp_path, referenc
         assert side(0) >= 4 * 0.25 * 0.95
 
 
+def test_a_project_runs_the_sources_it_was_loaded_from(tmp_path):
+    """What a timed goal's process imports, and what the starting code's digest is of, are the sources read
+    when the project was loaded: a file rewritten on disk afterwards, or between a child writing its copy and
+    importing it, changes nothing that runs."""
+    shutil.copytree(capstone.START, tmp_path / "project", ignore=shutil.ignore_patterns("__pycache__"))
+    sources = capstone_timing.sources(tmp_path / "project")
+    marked = sources | {"serve.py": sources["serve.py"] + "\nMARK = 'read at load'\n"}
+    (tmp_path / "project" / "serve.py").write_text("raise RuntimeError('the file on disk ran')\n")
+    project = capstone.load_project(tmp_path / "project", marked)
+    assert project.serve.MARK == "read at load" and project.sources == marked
+    assert not hasattr(capstone.load_project(tmp_path / "project", sources).serve, "MARK")
+
+
 def test_the_starting_code_timed_must_be_the_starting_code(tmp_path, reference, start):
     """Side A's process reports a digest of the sources it ran; a copy of the starting code rewritten in the
     sandbox (here: the solution handed in as the starting code) fails the goal."""
