@@ -336,30 +336,37 @@ def _export_and_load(project, model, folder) -> tuple[object, int]:
 
 # --- Speed ----------------------------------------------------------------------------------------------
 
-def paired_rounds(side_a, side_b, rounds: int, calls: int, settle: float = 0.05) -> tuple[list[float], list[float], str]:
+def paired_rounds(side_a, side_b, rounds: int, calls: int, settle: float = 0.05,
+                  here: int = os.getpid()) -> tuple[list[float], list[float], str]:
     """Each round runs `calls` calls of each side back to back, A first in even rounds and B first in odd ones,
     with `settle` seconds before each side. Each side is a process of its own (helpers.capstone_timing).
     Returns each side's seconds per call in each round, round i of A paired with round i of B, and the clock:
     CPU time at one intra-op thread, as the validation pipeline times (helpers.validation.workloads.
-    timing_clock: time spent descheduled by other work on the machine does not count), else wall time. On the
-    CPU clock a round charges a side everything its processes spent since its previous round, whenever they
-    spent it (a thread or a worker left running while the other side was timed), and the last round also what
-    they spent after it: work deferred to some calls, or to the background, is paid in full."""
-    clock = workloads.timing_clock(torch.device("cpu"))
-    sides, spent = {"a": side_a, "b": side_b}, {"a": 0.0, "b": 0.0}
-    per_call = {"a": [], "b": []}
+    timing_clock: time spent descheduled by other work on the machine does not count), else wall time (also
+    where another process's CPU cannot be read). On the CPU clock a round charges a side what its process tree
+    spent since its previous round, whenever it spent it (a thread or a worker left running while the other
+    side was timed), the last round also what it spent after it; and B what this process (`here`, where the
+    project's code was loaded too) and its other descendants spent, less this thread's measuring."""
+    clock = workloads.timing_clock(torch.device("cpu")) if capstone_timing.COUNTED else "wall"
+    sides = {"a": side_a, "b": side_b}
+
+    def spent() -> dict[str, float]:
+        rest, a, b = capstone_timing.tree_cpu_seconds(here, side_a.pid, side_b.pid)
+        return {"a": a, "b": b, "rest": rest - time.thread_time()} if clock == "cpu" else {"a": 0, "b": 0, "rest": 0}
+    per_call, last = {"a": [], "b": []}, spent()
     for r in range(rounds):
         for key in ("ab" if r % 2 == 0 else "ba"):
             time.sleep(settle)
-            total = sides[key](calls)
-            per_call[key].append((total - spent[key] if clock == "cpu" else sides[key].wall) / calls)
-            spent[key] = total
+            sides[key](calls)
+            now = spent()
+            per_call[key].append((now[key] - last[key] if clock == "cpu" else sides[key].wall) / calls)
+            last[key] = now[key]
+        per_call["b"][-1] += (now["rest"] - last["rest"]) / calls
+        last["rest"] = now["rest"]
     time.sleep(settle)
-    for key, side in sides.items():
-        after = side(0)
-        if clock == "cpu":
-            per_call[key][-1] += (after - spent[key]) / calls
-        side.check()
+    now = spent()                # what was spent after the last round is that round's
+    for key in ("a", "b", "rest"):
+        per_call["b" if key == "rest" else key][-1] += (now[key] - last[key]) / calls
     return per_call["a"], per_call["b"], clock
 
 
@@ -419,7 +426,7 @@ def _measure_speed(goal: str, project, start, w: dict, rounds: int, calls: int, 
             capstone_timing.started(project.sources, goal, w, total, warmup, "the project") as side_b:
         a, b, clock = paired_rounds(side_a, side_b, rounds, calls)
         return {"start": a, "project": b, "clock": clock, "threads": torch.get_num_threads(),
-                "start_digest": side_a.digest, "project_digest": side_b.digest}
+                "start_job": side_a.job, "project_digest": side_b.job["digest"]}
 
 
 def measure_train_speed(project, start, w: dict, given: dict, rounds: int = 6, calls: int = 5, warmup: int = 3,
@@ -439,9 +446,14 @@ def _judge_speed(goal: str):
         a, b = (_numbers(measured[side], MAX_ROUNDS) for side in ("start", "project"))
         if len(a) != len(b) or len(a) < 2 or min(a + b) <= 0:
             raise ValueError(f"rounds that cannot be paired: {len(a)} and {len(b)} rounds")
-        if measured.get("start_digest") != capstone_timing.digest(capstone_timing.sources(START)):
+        job, clock = dict(measured.get("start_job") or {}), str(measured["clock"])
+        if job.get("digest") != capstone_timing.digest(capstone_timing.sources(START)):
             raise ValueError("the code timed as the starting code is not the starting code of 10_capstone/")
-        return speed_verdict(goal, a, b) | {"threads": int(measured["threads"]), "clock": str(measured["clock"])}
+        if (job.get("goal"), job.get("workload"), job.get("warmup", 0) >= 1) != (goal, w, True) or \
+                (clock == "cpu" and job.get("threads") != 1):
+            raise ValueError("the starting code was not timed on this goal's job (its workload, warmup, or one "
+                             "thread on the CPU clock)")
+        return speed_verdict(goal, a, b) | {"threads": int(measured["threads"]), "clock": clock}
     judge.__doc__ = f"The {goal} gain of the project over the starting code: the pipeline's paired verdict."
     return judge
 

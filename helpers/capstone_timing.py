@@ -1,25 +1,24 @@
 """The capstone's timed goals: each side (the starting code, A; the project, B) timed in a fresh process of
-its own, its CPU counted from outside its calls.
+its own, its CPU read by the kernel from outside.
 
 In one process a project could change what the starting code runs (wrap its Trainer.step, or a torch function
 only the starting code calls) and forge a gain, and the grader's process (IPython, dynamo, the other goals'
 state) weighed on whichever side ran in it. So each side runs in a fresh interpreter that imports torch, this
-package and that side's sources, nothing of the other's; the child reports a digest of the sources it ran,
-which the judge compares with the starting code's own (a project could rewrite the copy it was handed).
+package and that side's sources, nothing of the other's. The child says when it is ready with the job as it
+read it (the judge checks the starting code's: its digest, goal, workload, threads) and runs calls on request;
+it never says what they cost.
 
     with started(start.sources, "train_speed", w, calls=35, warmup=3) as side:
-        side(5)            # 5 more calls there; the side's CPU seconds so far
-        side.wall          # ... and the wall seconds those calls took
-        side.digest        # sha256 of the sources the child imported
+        side(5)                                   # 5 more calls there
+        tree_cpu_seconds(os.getpid(), side.pid)   # [CPU of this process and the rest, CPU of the side's tree]
 
-A side's CPU is everything its process and its descendants spent since it was ready, whenever they spent it (a
-thread left running while the other side is timed, a DataLoader's or a pool's worker processes, a daemon that
-left its parent: the child is their subreaper): its own and its reaped children's from getrusage, taken before
-the project's code was imported, and its live descendants' from /proc. The kernel's count of the child's own
-CPU (/proc/PID/stat, in clock ticks) bounds what the child reports: less is refused.
+A side's CPU is read from the kernel (Linux: each process's CPU clock, its reaped children's from
+/proc/PID/stat) over the child and all its descendants, whenever they spent it: a thread left running while
+the other side is timed, a DataLoader's or a pool's worker processes, a daemon that left its parent (the child
+is their subreaper). Where that cannot be read (COUNTED false: no /proc), the goals time wall clock.
 
-The child speaks one line at a time: the job as JSON in, "ready <digest> <cpu>" out, then "<calls> <nonce>"
-in and "<nonce> <cpu>" out, until its input closes.
+The child speaks one line at a time: the job as JSON in, "ready <job as read, JSON>" out, then
+"<calls> <nonce>" in and "<nonce> <calls run since ready>" out, until its input closes.
 """
 from __future__ import annotations
 
@@ -90,83 +89,95 @@ def import_sources(package: str, folder, texts: dict[str, str]):
     return importlib.import_module(package)
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """CPU seconds of the live processes descended from `root` (root itself not included): every thread's run
-    time from /proc/PID/task/TID/schedstat (nanoseconds). 0.0 where there is no /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            children.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
-        except (OSError, IndexError, ValueError):     # a process that ended meanwhile
-            continue
-    total, todo = 0, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
-            try:
-                total += int((task / "schedstat").read_text().split()[0])
-            except (OSError, IndexError, ValueError):
-                continue
-    return total / 1e9
+COUNTED = sys.platform.startswith("linux") and os.path.exists("/proc/self/stat")   # another process's CPU readable
 
 
-def kernel_cpu_seconds(pid: int) -> float | None:
-    """The kernel's count of a process's CPU seconds and its reaped children's (utime, stime, cutime and
-    cstime of /proc/PID/stat, whole clock ticks); None where there is no /proc."""
+def _stat(pid: int, read=os.read, open_=os.open, close=os.close) -> list[str]:
+    """The fields of /proc/PID/stat after the command's name: [0] the state, [1] the parent, [11:15] utime,
+    stime, cutime and cstime in clock ticks. Read with functions taken when this module was imported, as are
+    the readers below (the grading process runs a project's code too)."""
+    fd = open_(f"/proc/{pid}/stat", os.O_RDONLY)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        return read(fd, 4096).decode().rsplit(")", 1)[1].split()
+    finally:
+        close(fd)
 
 
-def undercounted(reported: float, kernel: float | None, ticks: int = 3) -> bool:
-    """Whether a child reported less CPU than the kernel counted for it over the same span, beyond the kernel's
-    rounding (a few clock ticks, 2%)."""
-    return kernel is not None and reported < kernel * 0.98 - ticks / os.sysconf("SC_CLK_TCK")
+def tree_cpu_seconds(root: int, *subtrees: int, listdir=os.listdir, cpu_clock=time.clock_gettime,
+                     tick: float = 1 / os.sysconf("SC_CLK_TCK")) -> list[float]:
+    """CPU seconds of the process `root` and its descendants, in one reading of /proc, split into
+    [the processes below no subtree root, then each subtree's] (a subtree root is a descendant of `root`).
+    A process counts with its CPU clock (every thread, those that ended too; a zombie's still) and what its
+    children spent that it has reaped (cutime, cstime: clock ticks). A parent is read before its children, so
+    a child reaped meanwhile is counted later, never twice."""
+    parents: dict[int, list[int]] = {}
+    for name in listdir("/proc"):
+        if name.isdigit():
+            try:
+                parents.setdefault(int(_stat(int(name))[1]), []).append(int(name))
+            except (OSError, IndexError, ValueError):      # a process that ended meanwhile
+                continue
+    totals = [0.0] * (1 + len(subtrees))
+    todo = [(root, 0)]
+    while todo:
+        pid, index = todo.pop(0)
+        index = 1 + subtrees.index(pid) if pid in subtrees else index
+        try:
+            reaped = sum(int(f) for f in _stat(pid)[13:15]) * tick
+            totals[index] += cpu_clock(((~pid) << 3) | 2) + reaped     # the process's CPU clock (Linux)
+        except (OSError, IndexError, ValueError):
+            continue
+        todo += [(child, index) for child in parents.get(pid, [])]
+    return totals
+
+
+def _read_line(fd: int, deadline: float, read=os.read, wait=select.select, now=time.monotonic) -> str:
+    """One line from a pipe within `deadline` seconds ('' at its end); TimeoutError past it."""
+    data, until = b"", now() + deadline
+    while not data.endswith(b"\n"):
+        if not wait([fd], [], [], max(until - now(), 0))[0]:
+            raise TimeoutError(f"no answer within {deadline:.0f} s")
+        chunk = read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
 
 
 class Side:
-    """A started child: calling it with n runs n more calls there and returns the side's CPU seconds since it
-    was ready; `wall` holds the wall seconds of the last request, as seen here. Each request carries a nonce
-    the reply must echo: a line written into the pipe by anyone else (a pipe can be reopened through /proc) is
-    refused."""
+    """A started child: calling it with n runs n more calls there (the reply echoes the request's nonce and
+    the count of calls it ran since it was ready: a request or a reply written into its pipes by anyone else,
+    a pipe can be reopened through /proc, is refused). `job` is the job as the child read it, less its
+    sources, with their digest; `wall` the wall seconds of the last request, seen here."""
 
     def __init__(self, process: subprocess.Popen, errors, name: str, deadline: float):
         self.process, self.errors, self.name, self.pid = process, errors, name, process.pid
-        fields = self._reply(deadline).split()
-        if len(fields) != 3 or fields[0] != "ready":
+        self.calls, self.wall = 0, 0.0
+        fields = self._reply(deadline).split(" ", 1)
+        if len(fields) != 2 or fields[0] != "ready":
             self._failed(f"it said {' '.join(fields)[:200]!r} instead of being ready")
-        self.digest, self.wall = fields[1], 0.0
-        self._ready = (float(fields[2]), tree_cpu_seconds(self.pid), kernel_cpu_seconds(self.pid))
-        self._own = self._ready[0]
+        self.job = json.loads(fields[1])
 
-    def __call__(self, calls: int, deadline: float = ANSWER_S) -> float:
-        nonce = secrets.token_hex(8)
+    def __call__(self, calls: int, deadline: float = ANSWER_S, token=secrets.token_hex) -> None:
+        nonce = token(8)
         t0 = time.perf_counter()
-        self.process.stdin.write(f"{int(calls)} {nonce}\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(f"{int(calls)} {nonce}\n")
+            self.process.stdin.flush()
+        except OSError as error:
+            self._failed(f"it took no request ({error})")
         fields = self._reply(deadline).split()
         self.wall = time.perf_counter() - t0
-        if len(fields) != 2 or fields[0] != nonce:
-            self._failed(f"its reply to {calls} calls did not echo the request's nonce with one number")
-        self._own = float(fields[1])
-        return self._own - self._ready[0] + tree_cpu_seconds(self.pid) - self._ready[1]
-
-    def check(self) -> None:
-        """RuntimeError if the child reported less CPU of its own since it was ready than the kernel counted."""
-        kernel = kernel_cpu_seconds(self.pid)
-        if self._ready[2] is not None and kernel is not None and undercounted(self._own - self._ready[0],
-                                                                               kernel - self._ready[2]):
-            self._failed(f"it reported {self._own - self._ready[0]:.3f} s of CPU where the kernel counted "
-                         f"{kernel - self._ready[2]:.3f} s")
+        self.calls += int(calls)
+        if fields != [nonce, str(self.calls)]:
+            self._failed(f"its reply to {calls} calls was not the request's nonce and {self.calls} calls in all")
 
     def _reply(self, deadline: float) -> str:
-        if os.name == "posix" and not select.select([self.process.stdout], [], [], deadline)[0]:
+        try:
+            line = _read_line(self.process.stdout.fileno(), deadline)
+        except TimeoutError as error:
             self.process.kill()
-            self._failed(f"no answer within {deadline:.0f} s")
-        line = self.process.stdout.readline()
+            self._failed(str(error))
         if not line:
             self._failed("it ended")
         return line
@@ -179,7 +190,8 @@ class Side:
 
 @contextlib.contextmanager
 def started(sources: dict[str, str], goal: str, w: dict, calls: int, warmup: int, name: str = "the project",
-            python: str = sys.executable, environment: tuple = tuple(sorted(os.environ.items()))):
+            python: str = sys.executable, environment: tuple = tuple(sorted(os.environ.items())),
+            dumps=json.dumps, threads=torch.get_num_threads):
     """A child timing one side of `goal` on workload `w`: the project whose Python files are `sources`, `calls`
     calls built, `warmup` of them run before it says it is ready, on as many intra-op threads as this process
     has now. The child's code and interpreter and environment are this function's own, taken when this module
@@ -187,8 +199,7 @@ def started(sources: dict[str, str], goal: str, w: dict, calls: int, warmup: int
     covers: a project that set ATEN_CPU_CAPABILITY in os.environ would otherwise run the starting code on
     slower kernels); its import path is the package's as installed (-I: not the working folder, which a
     submission writes), with the folder above the package appended last for a checkout never installed."""
-    job = {"sources": sources, "goal": goal, "workload": w, "calls": calls, "warmup": warmup,
-           "threads": torch.get_num_threads()}
+    job = {"sources": sources, "goal": goal, "workload": w, "calls": calls, "warmup": warmup, "threads": threads()}
     code = ("import sys, importlib.util\n"
             "if importlib.util.find_spec('helpers') is None:\n"
             f"    sys.path.append({str(Path(__file__).resolve().parents[1])!r})\n"
@@ -197,27 +208,21 @@ def started(sources: dict[str, str], goal: str, w: dict, calls: int, warmup: int
             "serve(capstone.load_project, capstone.timed_call)\n")
     with tempfile.TemporaryFile("w+") as errors, subprocess.Popen(
             [python, "-I", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-            text=True, bufsize=1, env=dict(environment)) as process:
+            text=True, env=dict(environment)) as process:
         try:
-            process.stdin.write(json.dumps(job) + "\n")
-            process.stdin.flush()
+            try:
+                process.stdin.write(dumps(job) + "\n")
+                process.stdin.flush()
+            except OSError:
+                pass           # it ended: Side says so, with its stderr
             yield Side(process, errors, name, READY_S)
         finally:
-            process.stdin.close()
+            with contextlib.suppress(OSError):
+                process.stdin.close()
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
-
-
-def _own_cpu_seconds(usage=getattr(resource, "getrusage", None), self_=getattr(resource, "RUSAGE_SELF", 0),
-                     children=getattr(resource, "RUSAGE_CHILDREN", 0)) -> float:
-    """This process's CPU seconds and its reaped children's, through getrusage as it was when this module was
-    imported (a project imported later cannot replace it here); process_time where there is none."""
-    if usage is None:
-        return time.process_time()
-    mine, theirs = usage(self_), usage(children)
-    return mine.ru_utime + mine.ru_stime + theirs.ru_utime + theirs.ru_stime
 
 
 def _adopt_orphans() -> None:
@@ -228,14 +233,16 @@ def _adopt_orphans() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)     # PR_SET_CHILD_SUBREAPER
 
 
-def serve(load_project, timed_call, cpu_seconds=_own_cpu_seconds) -> None:
+def serve(load_project, timed_call) -> None:
     """The child's side: read the job, import the project from the job's sources (capstone.load_project; they
-    are written into a fresh folder too, for tracebacks and inspect, but never imported from there), build and warm up the goal's call (capstone.timed_call), then run calls on
-    request and answer with this process's CPU so far."""
+    are written into a fresh folder too, for tracebacks and inspect, but never imported from there), build
+    and warm up the goal's call (capstone.timed_call), say it is ready with the job as read, then run calls on
+    request. What the calls cost is read from outside (tree_cpu_seconds), not said here."""
     replies = open(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr      # what the project prints does not reach the replies
-    job = json.loads(sys.stdin.readline())
+    requests = sys.stdin
+    job = json.loads(requests.readline())
     torch.set_num_threads(job["threads"])
     _adopt_orphans()
     with tempfile.TemporaryDirectory() as folder:
@@ -245,9 +252,13 @@ def serve(load_project, timed_call, cpu_seconds=_own_cpu_seconds) -> None:
         run = timed_call(project, job["goal"], job["workload"], job["calls"], folder)
         for _ in range(job["warmup"]):
             run()
-        print("ready", digest(job["sources"]), repr(cpu_seconds()), file=replies)
-        for line in sys.stdin:
+        echo = {k: v for k, v in job.items() if k != "sources"} | {"digest": digest(job["sources"]),
+                                                                     "threads": torch.get_num_threads()}
+        print("ready", json.dumps(echo), file=replies)
+        done = 0
+        for line in requests:
             count, nonce = line.split()
             for _ in range(int(count)):
                 run()
-            print(nonce, repr(cpu_seconds()), file=replies)
+            done += int(count)
+            print(nonce, done, file=replies)
