@@ -16,16 +16,14 @@ judge, which decides with the reference at hand. The guide runs both in the lear
 reference never meets a submission.
 
 Speed is judged like the validation pipeline judges a timing (helpers.validation.stats): the starting code
-(A) and the project (B) alternate in rounds (A B, B A, ...), each round gives each side's time per call, and a
-gain counts only when its 95% paired interval lies above 1 and the gain itself is at least 1 + SPEED_GAIN: the
-pipeline's verdict (an improvement beyond stats.MIN_CHANGE) is what the learner's report states, and the goal
-asks a step the learner made, not a difference of two builds of the same code (timing the starting code
-against itself gave 0.91-1.12x on a loaded machine). Each side runs in a fresh process of its own
-(helpers.capstone_timing), which imports nothing of the other's: in one process a project could slow the
-starting code and forge a gain, and the process the goals run in weighs on whichever side runs there. On the
-CPU clock a side pays for everything its process and its worker processes spend, when they spend it
-(paired_rounds): a step handed to a worker process, or a thread that burns CPU while A is timed, forged 80x
-and 42x gains before.
+(A) and the project (B) alternate in rounds (A B, B A, ...), each round gives each side's time per call, and
+a gain counts only when its 95% paired interval lies above 1 and the gain itself is at least 1 + SPEED_GAIN:
+the pipeline's verdict (an improvement beyond stats.MIN_CHANGE) is what the learner's report states, and the
+goal asks a step the learner made, not a difference of two builds of the same code (timing the starting code
+against itself gave 0.91-1.12x on a loaded machine). Each side runs in a fresh process of its own, its CPU
+read from outside (helpers.capstone_timing): in one process a project could slow the starting code and forge
+a gain, and the process the goals run in weighed on whichever side ran there; a step handed to a worker
+process, or a thread that burns CPU while A is timed, forged 80x and 42x gains before.
 """
 from __future__ import annotations
 
@@ -49,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import capstone_timing, checks, memory
-from helpers.validation import stats, workloads
+from helpers.validation import stats
 
 REPO = Path(__file__).resolve().parents[1]
 START = REPO / "labs" / "10_capstone"
@@ -71,6 +69,8 @@ HELD_OUT = 512              # held-out prompts (the other corpus slice): the ser
 SERVE_PROMPTS = 256         # ... the first of them: serving agreement
 TRAIN_PROMPTS = 16          # ... the first of them: the trained models compared (loss_curve)
 MAX_ROUNDS = 1000           # the most paired rounds a timed goal's judge reads
+MAX_OUTPUTS = 100_000       # ... and numbers of its calls' outputs
+OUTPUT_RTOL = 1e-4          # a timed call's output against the same call untimed (the same code, threads and inputs)
 BATCHES_COMPARED = 4        # make_batches' first batches compared with the documented ones
 
 _loaded = itertools.count()
@@ -336,40 +336,6 @@ def _export_and_load(project, model, folder) -> tuple[object, int]:
 
 # --- Speed ----------------------------------------------------------------------------------------------
 
-def paired_rounds(side_a, side_b, rounds: int, calls: int, settle: float = 0.05,
-                  here: int = os.getpid()) -> tuple[list[float], list[float], str]:
-    """Each round runs `calls` calls of each side back to back, A first in even rounds and B first in odd ones,
-    with `settle` seconds before each side. Each side is a process of its own (helpers.capstone_timing).
-    Returns each side's seconds per call in each round, round i of A paired with round i of B, and the clock:
-    CPU time at one intra-op thread, as the validation pipeline times (helpers.validation.workloads.
-    timing_clock: time spent descheduled by other work on the machine does not count), else wall time (also
-    where another process's CPU cannot be read). On the CPU clock a round charges a side what its process tree
-    spent since its previous round, whenever it spent it (a thread or a worker left running while the other
-    side was timed), the last round also what it spent after it; and B what this process (`here`, where the
-    project's code was loaded too) and its other descendants spent, less this thread's measuring."""
-    clock = workloads.timing_clock(torch.device("cpu")) if capstone_timing.COUNTED else "wall"
-    sides = {"a": side_a, "b": side_b}
-
-    def spent() -> dict[str, float]:
-        rest, a, b = capstone_timing.tree_cpu_seconds(here, side_a.pid, side_b.pid)
-        return {"a": a, "b": b, "rest": rest - time.thread_time()} if clock == "cpu" else {"a": 0, "b": 0, "rest": 0}
-    per_call, last = {"a": [], "b": []}, spent()
-    for r in range(rounds):
-        for key in ("ab" if r % 2 == 0 else "ba"):
-            time.sleep(settle)
-            sides[key](calls)
-            now = spent()
-            per_call[key].append((now[key] - last[key] if clock == "cpu" else sides[key].wall) / calls)
-            last[key] = now[key]
-        per_call["b"][-1] += (now["rest"] - last["rest"]) / calls
-        last["rest"] = now["rest"]
-    time.sleep(settle)
-    now = spent()                # what was spent after the last round is that round's
-    for key in ("a", "b", "rest"):
-        per_call["b" if key == "rest" else key][-1] += (now[key] - last[key]) / calls
-    return per_call["a"], per_call["b"], clock
-
-
 def speed_verdict(goal: str, rounds_a: list[float], rounds_b: list[float], least: float = SPEED_GAIN) -> dict:
     """The gain of B over A (A's time / B's) with its paired interval and the pipeline's verdict; passed for
     an improvement of at least 1 + `least`."""
@@ -424,9 +390,35 @@ def _measure_speed(goal: str, project, start, w: dict, rounds: int, calls: int, 
     with threads(threads_used), \
             capstone_timing.started(start.sources, goal, w, total, warmup, "the starting code") as side_a, \
             capstone_timing.started(project.sources, goal, w, total, warmup, "the project") as side_b:
-        a, b, clock = paired_rounds(side_a, side_b, rounds, calls)
+        a, b, clock = capstone_timing.paired_rounds(side_a, side_b, rounds, calls)
+        timed = side_b.outputs()
         return {"start": a, "project": b, "clock": clock, "threads": torch.get_num_threads(),
-                "start_job": side_a.job, "project_digest": side_b.job["digest"]}
+                "start_job": side_a.job, "project_digest": side_b.job["digest"], "project_outputs": timed,
+                "outputs_here": [_untimed(project, goal, w, total) for _ in range(2 if goal == "train_speed" else 1)]}
+
+
+def _untimed(project, goal: str, w: dict, calls: int) -> list[float]:
+    """The fingerprints of a timed goal's calls run here, untimed (capstone_timing.fingerprint)."""
+    with tempfile.TemporaryDirectory() as folder:
+        run = timed_call(project, goal, w, calls, folder)
+        return [x for _ in range(calls) for x in capstone_timing.fingerprint(run())]
+
+
+def _outputs_checked(measured: dict, rtol: float = OUTPUT_RTOL) -> str:
+    """Whether the project's timed calls returned what the same calls return untimed: 'same as untimed', 'not
+    compared' where two untimed runs differ (training that is not deterministic, which other goals judge), or
+    where they part."""
+    timed = _numbers(measured.get("project_outputs", []), MAX_OUTPUTS)
+    runs = [_numbers(run, MAX_OUTPUTS) for run in _sequence(measured.get("outputs_here", []), 2)]
+
+    def parted(x: list, y: list) -> int | None:
+        if len(x) != len(y):
+            return min(len(x), len(y))
+        return next((i for i, (u, v) in enumerate(zip(x, y)) if not math.isclose(u, v, rel_tol=rtol, abs_tol=1e-9)), None)
+    if not runs or any(parted(runs[0], run) is not None for run in runs[1:]):
+        return "not compared: two untimed runs differ"
+    at = parted(timed, runs[0])
+    return "same as untimed" if at is None else f"differ from the same calls untimed from number {at} on"
 
 
 def measure_train_speed(project, start, w: dict, given: dict, rounds: int = 6, calls: int = 5, warmup: int = 3,
@@ -453,7 +445,9 @@ def _judge_speed(goal: str):
                 (clock == "cpu" and job.get("threads") != 1):
             raise ValueError("the starting code was not timed on this goal's job (its workload, warmup, or one "
                              "thread on the CPU clock)")
-        return speed_verdict(goal, a, b) | {"threads": int(measured["threads"]), "clock": clock}
+        verdict, outputs = speed_verdict(goal, a, b), _outputs_checked(measured)
+        return verdict | {"passed": verdict["passed"] and not outputs.startswith("differ"), "outputs": outputs,
+                          "threads": int(measured["threads"]), "clock": clock}
     judge.__doc__ = f"The {goal} gain of the project over the starting code: the pipeline's paired verdict."
     return judge
 

@@ -18,7 +18,9 @@ the other side is timed, a DataLoader's or a pool's worker processes, a daemon t
 is their subreaper). Where that cannot be read (COUNTED false: no /proc), the goals time wall clock.
 
 The child speaks one line at a time: the job as JSON in, "ready <job as read, JSON>" out, then
-"<calls> <nonce>" in and "<nonce> <calls run since ready>" out, until its input closes.
+"<calls> <nonce>" in and "<nonce> <calls run since ready>" out, or "outputs <nonce>" in and "<nonce> <every
+call's fingerprint, JSON>" out (the judge compares them with the same calls run untimed), until its input
+closes.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ except ImportError:        # Windows
 
 import torch
 
+from helpers.validation import workloads
 
 READY_S = 600      # the most seconds the child may take to import torch, build its side and warm it up
 ANSWER_S = 300     # ... and to answer one request for calls
@@ -158,19 +161,29 @@ class Side:
             self._failed(f"it said {' '.join(fields)[:200]!r} instead of being ready")
         self.job = json.loads(fields[1])
 
-    def __call__(self, calls: int, deadline: float = ANSWER_S, token=secrets.token_hex) -> None:
-        nonce = token(8)
+    def __call__(self, calls: int, deadline: float = ANSWER_S) -> None:
         t0 = time.perf_counter()
-        try:
-            self.process.stdin.write(f"{int(calls)} {nonce}\n")
-            self.process.stdin.flush()
-        except OSError as error:
-            self._failed(f"it took no request ({error})")
-        fields = self._reply(deadline).split()
+        nonce, fields = self._ask(str(int(calls)), deadline)
         self.wall = time.perf_counter() - t0
         self.calls += int(calls)
         if fields != [nonce, str(self.calls)]:
             self._failed(f"its reply to {calls} calls was not the request's nonce and {self.calls} calls in all")
+
+    def outputs(self, deadline: float = ANSWER_S) -> list[float]:
+        """The fingerprints of every call's output so far, warm-up included, in order (fingerprint)."""
+        nonce, fields = self._ask("outputs", deadline)
+        if len(fields) != 2 or fields[0] != nonce:
+            self._failed("its reply to a request for outputs was not the request's nonce and a list")
+        return json.loads(fields[1])
+
+    def _ask(self, request: str, deadline: float, token=secrets.token_hex) -> tuple[str, list[str]]:
+        nonce = token(8)
+        try:
+            self.process.stdin.write(f"{request} {nonce}\n")
+            self.process.stdin.flush()
+        except OSError as error:
+            self._failed(f"it took no request ({error})")
+        return nonce, self._reply(deadline).split()
 
     def _reply(self, deadline: float) -> str:
         try:
@@ -186,6 +199,40 @@ class Side:
         self.errors.seek(0)
         raise RuntimeError(f"{self.name}'s timing process failed: {what}: "
                            f"{self.errors.read()[-1500:].strip() or 'nothing on its stderr'}")
+
+
+def paired_rounds(side_a, side_b, rounds: int, calls: int, settle: float = 0.05,
+                  here: int = os.getpid()) -> tuple[list[float], list[float], str]:
+    """Each round runs `calls` calls of each side back to back, A first in even rounds and B first in odd ones,
+    with `settle` seconds before each side. Each side is a started child (Side).
+    Returns each side's seconds per call in each round, round i of A paired with round i of B, and the clock:
+    CPU time at one intra-op thread, as the validation pipeline times (helpers.validation.workloads.
+    timing_clock: time spent descheduled by other work on the machine does not count), else wall time (also
+    where another process's CPU cannot be read). On the CPU clock a round charges a side what its process tree
+    spent since its previous round, whenever it spent it (a thread or a worker left running while the other
+    side was timed), the last round also what it spent after it; and B what this process (`here`, where the
+    project's code was loaded too) and its other descendants spent, less this thread's measuring."""
+    clock = workloads.timing_clock(torch.device("cpu")) if COUNTED else "wall"
+    sides = {"a": side_a, "b": side_b}
+
+    def spent() -> dict[str, float]:
+        rest, a, b = tree_cpu_seconds(here, side_a.pid, side_b.pid)
+        return {"a": a, "b": b, "rest": rest - time.thread_time()} if clock == "cpu" else {"a": 0, "b": 0, "rest": 0}
+    per_call, last = {"a": [], "b": []}, spent()
+    for r in range(rounds):
+        for key in ("ab" if r % 2 == 0 else "ba"):
+            time.sleep(settle)
+            sides[key](calls)
+            now = spent()
+            per_call[key].append((now[key] - last[key] if clock == "cpu" else sides[key].wall) / calls)
+            last[key] = now[key]
+        per_call["b"][-1] += (now["rest"] - last["rest"]) / calls
+        last["rest"] = now["rest"]
+    time.sleep(settle)
+    now = spent()                # what was spent after the last round is that round's
+    for key in ("a", "b", "rest"):
+        per_call["b" if key == "rest" else key][-1] += (now[key] - last[key]) / calls
+    return per_call["a"], per_call["b"], clock
 
 
 @contextlib.contextmanager
@@ -225,6 +272,15 @@ def started(sources: dict[str, str], goal: str, w: dict, calls: int, warmup: int
                 process.kill()
 
 
+def fingerprint(output) -> list[float]:
+    """A call's output in a number or two, enough to tell it from another: a loss as itself, a tensor (logits)
+    as its norm and its projection on a fixed vector."""
+    if isinstance(output, torch.Tensor):
+        flat = output.detach().to(torch.float64).flatten()
+        return [float(flat.norm()), float(flat @ torch.arange(flat.numel(), dtype=torch.float64).cos())]
+    return [float(output)]
+
+
 def _adopt_orphans() -> None:
     """Make this process the subreaper of its descendants (Linux): a worker whose parent exits, or a daemon
     that forks twice, stays below it, where its CPU is counted."""
@@ -250,15 +306,19 @@ def serve(load_project, timed_call) -> None:
             (Path(folder) / Path(name).name).write_text(text)
         project = load_project(folder, job["sources"])
         run = timed_call(project, job["goal"], job["workload"], job["calls"], folder)
+        outputs = []
         for _ in range(job["warmup"]):
-            run()
+            outputs += fingerprint(run())
         echo = {k: v for k, v in job.items() if k != "sources"} | {"digest": digest(job["sources"]),
                                                                      "threads": torch.get_num_threads()}
         print("ready", json.dumps(echo), file=replies)
         done = 0
         for line in requests:
             count, nonce = line.split()
+            if count == "outputs":
+                print(nonce, json.dumps(outputs, separators=(",", ":")), file=replies)
+                continue
             for _ in range(int(count)):
-                run()
+                outputs += fingerprint(run())
             done += int(count)
             print(nonce, done, file=replies)

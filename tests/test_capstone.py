@@ -277,6 +277,20 @@ def test_a_forged_speed_earns_nothing(tmp_path, reference, start, edits):
     assert "error" not in result and not result["passed"] and result["gain"] < FORGED_BELOW, result
 
 
+def test_a_server_that_knows_it_is_timed_fails_on_its_outputs(tmp_path, reference, start):
+    """A timing process is easy to recognise (python -c); a server that reads only the last token there is
+    several times faster and wrong. Its timed calls' outputs are compared with the same calls run untimed,
+    where the goals' process loaded the project."""
+    knowing = variant(capstone.START, tmp_path / "project", {"serve.py": [
+        ("import torch\n", "import sys\n\nimport torch\n"),
+        ("        return served(ids)[:, -1]", "        return served(ids[:, -1:] if sys.argv == ['-c'] else ids)[:, -1]")]})
+    result = goal("serve_latency", knowing, reference, start=start, rounds=4, threads_used=1)
+    assert result["gain"] > 1.5 and not result["passed"], result
+    assert result["outputs"].startswith("differ from the same calls untimed from number 0"), result
+    honest = goal("serve_latency", reference, reference, start=start, rounds=2, threads_used=1)
+    assert honest["outputs"] == "same as untimed", honest
+
+
 def test_a_cached_answer_earns_no_serving_speed(tmp_path, reference, start):
     """functools.lru_cache on next_token_logits answered every timed call after the first from its cache while
     each call got the same prompt object; each call now gets a prompt of its own."""

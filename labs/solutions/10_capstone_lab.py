@@ -142,7 +142,7 @@ capstone.check_goals(capstone.goals(["loss_curve", "causality", "batches_match",
 # sides run on the same threads and the same workload, each in a fresh process of its own that imports nothing
 # of the other's, so what your code changes cannot slow the starting code. Each side pays for all the CPU its
 # process and its worker processes spend, whenever they spend it: a thread or a worker you leave running while
-# the starting code is timed is yours. The grader runs more rounds on other workloads. Profile before you change anything: lessons 01, 02, 03, 05 and 06 each name something the
+# the starting code is timed is yours. Your timed calls must return what the same calls return untimed. The grader runs more rounds on other workloads. Profile before you change anything: lessons 01, 02, 03, 05 and 06 each name something the
 # starting code pays for.
 #
 # Timings on a shared machine can miss for reasons that are not yours: here a miss prints and the notebook
