@@ -128,8 +128,8 @@ def tree_cpu_seconds(root: int, *subtrees: int, listdir=os.listdir, cpu_clock=ti
         try:
             reaped = sum(int(f) for f in _stat(pid)[13:15]) * tick
             totals[index] += cpu_clock(((~pid) << 3) | 2) + reaped     # the process's CPU clock (Linux)
-        except (OSError, IndexError, ValueError):
-            continue
+        except (OSError, IndexError, ValueError):                      # it ended: its children may not have
+            pass
         todo += [(child, index) for child in parents.get(pid, [])]
     return totals
 
@@ -148,9 +148,10 @@ def _read_line(fd: int, deadline: float, read=os.read, wait=select.select, now=t
 
 
 class Side:
-    """A started child: calling it with n runs n more calls there (the reply echoes the request's nonce and
-    the count of calls it ran since it was ready: a request or a reply written into its pipes by anyone else,
-    a pipe can be reopened through /proc, is refused). `job` is the job as the child read it, less its
+    """A started child: calling it with n >= 1 runs n more calls there (the reply echoes the request's nonce
+    and the count of calls it ran since it was ready: a reply written into its pipe by anyone else, or a
+    request, which would change the count, is refused; the child's own pipes cannot be reopened through /proc
+    by another process, it is not dumpable). `job` is the job as the child read it, less its
     sources, with their digest; `wall` the wall seconds of the last request, seen here."""
 
     def __init__(self, process: subprocess.Popen, errors, name: str, deadline: float):
@@ -248,6 +249,9 @@ def started(sources: dict[str, str], goal: str, w: dict, calls: int, warmup: int
     submission writes), with the folder above the package appended last for a checkout never installed."""
     job = {"sources": sources, "goal": goal, "workload": w, "calls": calls, "warmup": warmup, "threads": threads()}
     code = ("import sys, importlib.util\n"
+            "if sys.platform.startswith('linux'):   # PR_SET_DUMPABLE 0: no other process opens its pipes\n"
+            "    import ctypes\n"
+            "    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"
             "if importlib.util.find_spec('helpers') is None:\n"
             f"    sys.path.append({str(Path(__file__).resolve().parents[1])!r})\n"
             "from helpers import capstone\n"
@@ -274,10 +278,11 @@ def started(sources: dict[str, str], goal: str, w: dict, calls: int, warmup: int
 
 def fingerprint(output) -> list[float]:
     """A call's output in a number or two, enough to tell it from another: a loss as itself, a tensor (logits)
-    as its norm and its projection on a fixed vector."""
+    as its norm and its projection on a fixed unit vector (both on the scale of the norm)."""
     if isinstance(output, torch.Tensor):
         flat = output.detach().to(torch.float64).flatten()
-        return [float(flat.norm()), float(flat @ torch.arange(flat.numel(), dtype=torch.float64).cos())]
+        fixed = torch.arange(flat.numel(), dtype=torch.float64).cos()
+        return [float(flat.norm()), float(flat @ fixed / fixed.norm().clamp_min(1))]
     return [float(output)]
 
 
@@ -315,9 +320,11 @@ def serve(load_project, timed_call) -> None:
         done = 0
         for line in requests:
             count, nonce = line.split()
-            if count == "outputs":
+            if count == "outputs":      # the last request
                 print(nonce, json.dumps(outputs, separators=(",", ":")), file=replies)
-                continue
+                break
+            if int(count) < 1:
+                raise ValueError(f"a request for {count} calls")
             for _ in range(int(count)):
                 outputs += fingerprint(run())
             done += int(count)

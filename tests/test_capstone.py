@@ -278,12 +278,12 @@ def test_a_forged_speed_earns_nothing(tmp_path, reference, start, edits):
 
 
 def test_a_server_that_knows_it_is_timed_fails_on_its_outputs(tmp_path, reference, start):
-    """A timing process is easy to recognise (python -c); a server that reads only the last token there is
+    """A timing process is easy to recognise (python -I); a server that reads only the last token there is
     several times faster and wrong. Its timed calls' outputs are compared with the same calls run untimed,
     where the goals' process loaded the project."""
     knowing = variant(capstone.START, tmp_path / "project", {"serve.py": [
         ("import torch\n", "import sys\n\nimport torch\n"),
-        ("        return served(ids)[:, -1]", "        return served(ids[:, -1:] if sys.argv == ['-c'] else ids)[:, -1]")]})
+        ("        return served(ids)[:, -1]", "        return served(ids[:, -1:] if sys.flags.isolated else ids)[:, -1]")]})
     result = goal("serve_latency", knowing, reference, start=start, rounds=4, threads_used=1)
     assert result["gain"] > 1.5 and not result["passed"], result
     assert result["outputs"].startswith("differ from the same calls untimed from number 0"), result
@@ -309,6 +309,28 @@ def test_a_line_written_into_a_sides_reply_pipe_is_refused(start):
             forged.write("9 9\n")
         with pytest.raises(RuntimeError, match="was not the request's nonce and 4 calls in all"):
             side(2)
+
+
+def test_a_side_takes_no_request_that_would_resync_its_count(start):
+    """A request for no calls or fewer (which could undo the count of calls injected into its pipe) ends the
+    side, and so does any request after its outputs were read."""
+    for requests in ([0], [1, "outputs", 1]):
+        with capstone_timing.started(start.sources, "serve_latency", W, calls=4, warmup=1) as side:
+            with pytest.raises(RuntimeError, match="it ended"):
+                for request in requests:
+                    side.outputs() if request == "outputs" else side(request)
+
+
+def test_outputs_that_are_not_finite_or_part_fail():
+    """_outputs_checked: the same outputs pass; a NaN, or a call that parts beyond float noise (relative to the
+    outputs' size), fails; untimed runs that differ are not compared."""
+    same = [6.3, 6.2, 6.0]
+    check = capstone._outputs_checked
+    assert check({"project_outputs": same, "outputs_here": [same, same]}) == "same as untimed"
+    assert check({"project_outputs": [6.3, 6.2 + 1e-6, 6.0], "outputs_here": [same]}) == "same as untimed"
+    assert check({"project_outputs": [6.3, float("nan"), 6.0], "outputs_here": [same]}).startswith("differ: an output")
+    assert check({"project_outputs": [6.3, 6.1, 6.0], "outputs_here": [same]}).endswith("from number 1 on")
+    assert check({"project_outputs": [0.0] * 3, "outputs_here": [same, [6.3, 6.2, 5.9]]}).startswith("not compared")
 
 
 BURNS = """import os, sys, threading, time
@@ -413,6 +435,14 @@ def test_a_timed_goal_asks_a_gain_beyond_two_copies_of_the_same_code():
     assert clear["passed"] and clear["least"] == 1 + capstone.SPEED_GAIN, clear
     wide = rounds_result("train_speed", [1.6, 0.9, 1.5, 0.95, 1.4, 0.97], [1.0] * 6)
     assert wide["gain"] >= 1 + capstone.SPEED_GAIN and not wide["passed"], wide
+
+
+def test_work_piled_into_one_round_pays_in_full():
+    """The typical gain of rounds (their geometric mean) rewards a project that does every round's work in the
+    first: 8 rounds of the same total time gain 325x there; the total time's ratio, which the goal asks too,
+    is 1.0."""
+    piled = rounds_result("train_speed", [1.0] * 8, [7.993] + [0.001] * 7)
+    assert piled["gain"] > 10 and piled["total_gain"] == pytest.approx(1.0) and not piled["passed"], piled
 
 
 def test_a_report_claiming_a_gain_its_rounds_do_not_show_is_refused(tmp_path, reference):

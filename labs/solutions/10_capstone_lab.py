@@ -137,8 +137,9 @@ capstone.check_goals(capstone.goals(["loss_curve", "causality", "batches_match",
 # `serve.next_token_logits` on a `seq_len` prompt each faster than the starting code's, measured as lab 09
 # measures: the starting code (A) and yours (B) alternate in rounds (A B, B A, ...), each round gives each
 # side's time per call, and a gain counts when the pipeline's `verdict` says "improvement" (its paired interval
-# above 1, the rule of helpers/validation/stats.py) and the gain is at least `1 + capstone.SPEED_GAIN` (1.10x:
-# two copies of the starting code timed against each other differ by a few percent, in either direction). Both
+# above 1, the rule of helpers/validation/stats.py) and the gain, in the rounds and in their total time, is at
+# least `1 + capstone.SPEED_GAIN` (1.10x: two copies of the starting code timed against each other differ by a
+# few percent, in either direction). Both
 # sides run on the same threads and the same workload, each in a fresh process of its own that imports nothing
 # of the other's, so what your code changes cannot slow the starting code. Each side pays for all the CPU its
 # process and its worker processes spend, whenever they spend it: a thread or a worker you leave running while
