@@ -39,11 +39,6 @@ import tempfile
 import time
 from pathlib import Path
 
-try:
-    import resource
-except ImportError:        # Windows
-    resource = None
-
 import torch
 
 from helpers.validation import workloads
@@ -217,8 +212,10 @@ def paired_rounds(side_a, side_b, rounds: int, calls: int, settle: float = 0.05,
     sides = {"a": side_a, "b": side_b}
 
     def spent() -> dict[str, float]:
+        if clock != "cpu":       # /proc is not read at all: it may not be there
+            return {"a": 0.0, "b": 0.0, "rest": 0.0}
         rest, a, b = tree_cpu_seconds(here, side_a.pid, side_b.pid)
-        return {"a": a, "b": b, "rest": rest - time.thread_time()} if clock == "cpu" else {"a": 0, "b": 0, "rest": 0}
+        return {"a": a, "b": b, "rest": rest - time.thread_time()}
     per_call, last = {"a": [], "b": []}, spent()
     for r in range(rounds):
         for key in ("ab" if r % 2 == 0 else "ba"):

@@ -372,6 +372,15 @@ def test_a_sides_cpu_counts_ended_threads_reaped_children_and_orphans():
         child.wait()
 
 
+def test_without_proc_the_timed_goals_use_wall_time_and_read_no_proc(monkeypatch, reference, start):
+    """Where another process's CPU cannot be read (no /proc: macOS, Windows) the rounds are timed on the wall
+    clock and /proc is not read at all."""
+    monkeypatch.setattr(capstone_timing, "COUNTED", False)
+    monkeypatch.setattr(capstone_timing, "tree_cpu_seconds", lambda *args: pytest.fail("/proc was read"))
+    result = goal("serve_latency", reference, reference, start=start, rounds=2, threads_used=1)
+    assert result["clock"] == "wall" and "error" not in result, result
+
+
 @pytest.mark.skipif(not capstone_timing.COUNTED, reason="the subreaper and /proc are Linux's")
 def test_a_daemon_that_left_its_parent_is_charged_to_its_side(tmp_path):
     """A process that forks twice leaves its parent; its orphan would be adopted outside the side's tree and its
